@@ -1,0 +1,10 @@
+"""fox-kernel: Forgetting Attention (FoX) kernels for PyTorch.
+
+``forgetting_attention`` runs Triton kernels on CUDA and a chunked PyTorch twin on the CPU;
+``fox_kernel.reference.forgetting_attention_ref`` is the plain materialised reference.
+"""
+
+from fox_kernel.ops import forgetting_attention, pruning_threshold
+
+__version__ = "0.1.0"
+__all__ = ["forgetting_attention", "pruning_threshold", "__version__"]

@@ -1,0 +1,139 @@
+"""Forgetting Attention in plain PyTorch, chunked over queries (the CPU path).
+
+A FlashAttention-style twin of the Triton kernels: the forward keeps only the output and the
+log-sum-exp per row; the backward recomputes the probabilities one query chunk at a time. No step
+holds more than (B, H, chunk, Tk) scores, so long sequences fit on a laptop.
+
+Tensors here are in the kernel layout: q (B, Tq, H, D), k/v (B, Tk, Hkv, D), log_fgate (B, Tk, H),
+lse (B, H, Tq) in natural log (+inf for rows that see no key).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fox_kernel.reference import gate_prefix_sum
+
+# Scores held at once, in elements: bounds the memory of one chunk (256 MiB in float32).
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _sequences(cu_seqlens, total):
+    if cu_seqlens is None:
+        return [(0, total)]
+    bounds = cu_seqlens.tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _chunk_rows(B, H, Tq, Tk):
+    return max(16, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * Tk)))
+
+
+def _scores(qc, kh, c_rows, c_cols, pos_q, seq_start, sm_scale):
+    """Masked logits for one query chunk: (B, H, C, K)."""
+    s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale
+    s = s + (c_rows[..., :, None] - c_cols[..., None, :])
+    pos_k = torch.arange(kh.shape[2], device=kh.device)
+    allowed = (pos_k[None, :] <= pos_q[:, None])[None, None]
+    if seq_start is not None:
+        allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
+    return s.masked_fill(~allowed, float("-inf"))
+
+
+def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale):
+    B, Tq, H, D = q.shape
+    Tk, group = k.shape[1], H // k.shape[2]
+    acc = _acc_dtype(q)
+    c = gate_prefix_sum(log_fgate, seq_start).to(acc).permute(0, 2, 1)  # (B, H, Tk)
+    qh = q.permute(0, 2, 1, 3).to(acc)
+    kh = k.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
+    vh = v.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
+    out = torch.empty(B, H, Tq, D, dtype=acc, device=q.device)
+    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    rows = _chunk_rows(B, H, Tq, Tk)
+    for start in range(0, Tq, rows):
+        end = min(Tq, start + rows)
+        pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
+        kend = int(pos_q[-1]) + 1
+        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale)
+        m = torch.logsumexp(s, dim=-1)
+        m = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m)
+        p = torch.exp(s - m[..., None])
+        out[:, :, start:end] = torch.matmul(p, vh[:, :, :kend])
+        lse[:, :, start:end] = m.float()
+    return out.permute(0, 2, 1, 3).to(q.dtype), lse
+
+
+def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    group = H // Hkv
+    acc = _acc_dtype(q)
+    c = gate_prefix_sum(log_fgate, seq_start).to(acc).permute(0, 2, 1)
+    qh = q.permute(0, 2, 1, 3).to(acc)
+    kh = k.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
+    vh = v.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
+    doh = do.permute(0, 2, 1, 3).to(acc)
+    delta = (doh * out.permute(0, 2, 1, 3).to(acc)).sum(-1)  # (B, H, Tq)
+    lse = lse.to(acc)
+    dq = torch.empty_like(qh)
+    dk = torch.zeros_like(kh)
+    dv = torch.zeros_like(vh)
+    dc = torch.zeros(B, H, Tk, dtype=acc, device=q.device)
+    rows = _chunk_rows(B, H, Tq, Tk)
+    for start in range(0, Tq, rows):
+        end = min(Tq, start + rows)
+        pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
+        kend = int(pos_q[-1]) + 1
+        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale)
+        p = torch.exp(s - lse[:, :, start:end, None])
+        do_c = doh[:, :, start:end]
+        dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do_c)
+        dp = torch.matmul(do_c, vh[:, :, :kend].transpose(-1, -2))
+        ds = p * (dp - delta[:, :, start:end, None])
+        dq[:, :, start:end] = torch.matmul(ds, kh[:, :, :kend]) * sm_scale
+        dk[:, :, :kend] += torch.matmul(ds.transpose(-1, -2), qh[:, :, start:end]) * sm_scale
+        # d score_ij / d c_i = 1 and / d c_j = -1.
+        dc[:, :, :kend] -= ds.sum(dim=-2)
+        dc[:, :, pos_q] += ds.sum(dim=-1)
+    # log f_t enters every c_u with u >= t: reverse prefix sum.
+    dg = torch.flip(torch.cumsum(torch.flip(dc, dims=[-1]), dim=-1), dims=[-1])
+    if seq_start is not None:
+        pos_k = torch.arange(Tk, device=q.device)
+        dg = dg * (pos_k[None, :] >= seq_start[:, None]).to(acc)[:, None, :]
+    dk = dk.view(B, Hkv, group, Tk, D).sum(2)
+    dv = dv.view(B, Hkv, group, Tk, D).sum(2)
+    return (
+        dq.permute(0, 2, 1, 3).to(q.dtype),
+        dk.permute(0, 2, 1, 3).to(k.dtype),
+        dv.permute(0, 2, 1, 3).to(v.dtype),
+        dg.permute(0, 2, 1).to(log_fgate.dtype),
+    )
+
+
+def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale):
+    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32)."""
+    outs, lses = [], []
+    for s, e in _sequences(cu_seqlens, q.shape[1]):
+        if cu_seqlens is None:
+            o, lse = _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale)
+        else:
+            o, lse = _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+
+
+def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale):
+    """Returns (dq, dk, dv, dlog_fgate) in the dtypes of q, k, v, log_fgate."""
+    if cu_seqlens is None:
+        return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale)
+    grads = [
+        _dense_bwd(do[:, s:e], q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], out[:, s:e], lse[:, :, s:e], None, sm_scale)
+        for s, e in _sequences(cu_seqlens, q.shape[1])
+    ]
+    return tuple(torch.cat(parts, dim=1) for parts in zip(*grads))

@@ -1,0 +1,214 @@
+"""The public Forgetting Attention op: argument checks, layout handling and a torch.library custom op.
+
+``forgetting_attention`` dispatches on the device: CUDA tensors run the Triton kernels; CPU tensors run
+the chunked PyTorch twin, or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``.
+Both directions are custom ops with fake implementations, so ``torch.compile(fullgraph=True)`` traces
+through them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fox_kernel.ops import checks
+from fox_kernel.ops.chunked import chunked_backward, chunked_forward
+
+# ln(eps) of the pruning bound used by adaptive_threshold="auto" (FOX.md section 1).
+AUTO_LOG_EPS = -10.0
+
+
+def _use_triton(x: torch.Tensor) -> bool:
+    if x.is_cuda:
+        return True
+    from fox_kernel.ops.triton_attention import interpreting
+
+    return interpreting() and x.dtype != torch.float64
+
+
+@torch.library.custom_op("fox_kernel::forgetting_attention_fwd", mutates_args=())
+def _fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_fgate: torch.Tensor,
+    seq_start: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    sm_scale: float,
+    threshold: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if _use_triton(q):
+        from fox_kernel.ops.triton_attention import triton_forward
+
+        return triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
+    out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale)
+    return out.contiguous(), lse
+
+
+@_fwd_op.register_fake
+def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold):
+    B, Tq, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("fox_kernel::forgetting_attention_bwd", mutates_args=())
+def _bwd_op(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_fgate: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    seq_start: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    sm_scale: float,
+    threshold: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if _use_triton(q):
+        from fox_kernel.ops.triton_attention import triton_backward
+
+        grads = triton_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold)
+    else:
+        grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+@_bwd_op.register_fake
+def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), log_fgate.new_empty(log_fgate.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold)
+    ctx.sm_scale = sm_scale
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
+    dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold)
+    return dq, dk, dv, dg, None, None, None, None
+
+
+torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
+
+
+def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
+    """The ACP bound delta = -(2U + ln Tk) + ln eps with U = max|q| max|k| s per (row, head).
+
+    q (B, Tq, H, D), k (B, Tk, Hkv, D); rows: (N+1,) cu_seqlens to bound each packed sequence alone.
+    Returns (B or N, H) float32.
+    """
+    group = q.shape[2] // k.shape[2]
+    qn = q.float().norm(dim=-1)  # (B, Tq, H)
+    kn = k.float().norm(dim=-1).repeat_interleave(group, dim=-1)
+    if rows is None:
+        u = qn.amax(dim=1) * kn.amax(dim=1) * sm_scale
+        return (-(2 * u + math.log(max(t_k, 1))) + log_eps).float().contiguous()
+    bounds = rows.tolist()
+    per_seq = []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        u = qn[0, s:e].amax(dim=0) * kn[0, s:e].amax(dim=0) * sm_scale
+        per_seq.append(-(2 * u + math.log(e - s)) + log_eps)
+    return torch.stack(per_seq).float().contiguous()
+
+
+def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
+    n_rows = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    H = q.shape[2]
+    if isinstance(adaptive_threshold, str):
+        if adaptive_threshold != "auto":
+            raise ValueError(f'adaptive_threshold must be None, a number, a tensor or "auto", got {adaptive_threshold!r}')
+        return pruning_threshold(q, k, sm_scale, k.shape[1], rows=cu_seqlens)
+    if isinstance(adaptive_threshold, (int, float)):
+        return torch.full((n_rows, H), float(adaptive_threshold), dtype=torch.float32, device=q.device)
+    checks.require_tensor("adaptive_threshold", adaptive_threshold)
+    try:
+        t = torch.broadcast_to(adaptive_threshold.to(device=q.device, dtype=torch.float32), (n_rows, H))
+    except RuntimeError:
+        raise ValueError(
+            f"adaptive_threshold must broadcast to ({n_rows}, {H}), got shape {tuple(adaptive_threshold.shape)}"
+        ) from None
+    return t.contiguous()
+
+
+def forgetting_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_fgate: torch.Tensor,
+    *,
+    head_first: bool = False,
+    seq_start: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    adaptive_threshold=None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal softmax attention with a per-head forget gate (Forgetting Attention).
+
+    Args:
+        q: (B, Tq, H, D) queries; (B, H, Tq, D) with ``head_first``.
+        k, v: (B, Tk, Hkv, D) keys and values, ``H % Hkv == 0`` (GQA/MQA), ``Tq <= Tk``.
+        log_fgate: (B, Tk, H) float32 log forget gates (``logsigmoid`` of the gate logits), one per query head.
+        head_first: tensors are (B, H, T, D) and log_fgate (B, H, T).
+        seq_start: (B,) integers, first real token of each row (left padding); padded keys get no attention,
+            their gates do not count, padded query rows return 0.
+        sm_scale: score scale, default ``D ** -0.5``.
+        adaptive_threshold: skip blocks whose decay bias ``c_i - c_j`` stays below this (log space): None,
+            a number, a tensor broadcastable to (B, H), or "auto" for the bound with eps = e^-10.
+        cu_seqlens: (N + 1,) int32 cumulative lengths of sequences packed into batch 1.
+
+    Returns:
+        Tensor shaped like q.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("log_fgate", log_fgate)):
+        checks.require_tensor(name, x)
+    layout = "(B, H, T, D)" if head_first else "(B, T, H, D)"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        checks.require_rank(name, x, 4, layout)
+    checks.require_rank("log_fgate", log_fgate, 3, "(B, H, T)" if head_first else "(B, T, H)")
+    if head_first:
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        log_fgate = log_fgate.transpose(1, 2)
+    checks.require_same_device(q.device, k=k, v=v, log_fgate=log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens)
+    checks.require_qkv_dtype(q, k, v)
+    if log_fgate.dtype != torch.float32:
+        raise TypeError(f"log_fgate must be float32, got {log_fgate.dtype}")
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    checks.require_dim("k", k.shape[0], B, "batch size (q's)")
+    checks.require_dim("v", v.shape[0], B, "batch size (q's)")
+    checks.require_dim("k", k.shape[3], D, "head dim (q's)")
+    checks.require_dim("v", v.shape[3], D, "head dim (q's)")
+    checks.require_dim("v", v.shape[1], Tk, "length (k's)")
+    checks.require_dim("v", v.shape[2], Hkv, "number of heads (k's)")
+    if not 16 <= D <= 256:
+        raise ValueError(f"head dim must be in [16, 256], got {D}")
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(f"q's {H} heads must be a multiple of k/v's heads, got Hkv={Hkv}")
+    if Tq > Tk:
+        raise ValueError(f"q must not be longer than k (queries are end-aligned), got Tq={Tq} > Tk={Tk}")
+    expected_gates = (B, Tk, H)
+    if tuple(log_fgate.shape) != expected_gates:
+        raise ValueError(f"log_fgate must have shape {expected_gates} (B, Tk, H), got {tuple(log_fgate.shape)}")
+    value_checks = not torch.compiler.is_compiling()
+    if cu_seqlens is not None:
+        if seq_start is not None:
+            raise ValueError("seq_start and cu_seqlens cannot be combined: packed sequences carry no padding")
+        if Tq != Tk:
+            raise ValueError(f"with cu_seqlens q and k must have the same packed length, got Tq={Tq}, Tk={Tk}")
+        checks.check_cu_seqlens(cu_seqlens, B, Tk, value_checks)
+    if seq_start is not None:
+        checks.check_seq_start(seq_start, B, Tk, value_checks)
+        seq_start = seq_start.to(torch.int32).contiguous()
+    if sm_scale is None:
+        sm_scale = D**-0.5
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    threshold = None
+    if adaptive_threshold is not None:
+        threshold = _threshold_tensor(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
+    out, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold)
+    return out.transpose(1, 2) if head_first else out

@@ -1,0 +1,499 @@
+"""Triton kernels for Forgetting Attention: forward, dK/dV (with the gate gradient), dQ.
+
+FlashAttention-2 structure with the FoX bias ``c_i - c_j`` added to every score tile:
+
+* scores are kept in the log2 domain (``sm_scale * log2(e)`` folded into one multiply, ``exp2``);
+* the prefix sums ``c`` are stored in float64 and each tile subtracts an anchor (``c`` at the tile's
+  first row) before rounding to float32, so the bias is exact to the size of the *local* sum even when
+  ``|c|`` is large (long sequences, fast-forgetting heads);
+* key blocks left of a query tile's diagonal run without the causal mask; fully padded and (with
+  ``adaptive_threshold``) negligibly decayed blocks are never visited;
+* the gate gradient ``dc_j = -sum_i ds_ij`` is a column sum taken in the dK/dV pass, one program per
+  key block, so no atomics are needed and gradients are bit-reproducible;
+* GQA: one dK/dV program per key/value head loops over the query heads of its group.
+
+Layouts: q (B, Tq, H, D), k/v (B, Tk, Hkv, D), any strides with a unit last stride; c (B, H, Tk)
+float64; lse and delta (B, H, Tq) float32. Varlen inputs are packed as B = 1 and ``cu_seqlens``
+gives the sequence bounds; the grid then runs over sequences.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr):
+    """(batch row for pointers, first packed row, q length, k length, first unpadded key)."""
+    if IS_VARLEN:
+        bos = tl.load(CU + b).to(tl.int64)
+        eos = tl.load(CU + b + 1).to(tl.int64)
+        row = tl.zeros([], dtype=tl.int64)
+        t_q = (eos - bos).to(tl.int32)
+        t_k = t_q
+    else:
+        bos = tl.zeros([], dtype=tl.int64)
+        row = b.to(tl.int64)
+        t_q = Tq
+        t_k = Tk
+    if HAS_SEQ_START:
+        s0 = tl.load(SEQ_START + b).to(tl.int32)
+    else:
+        s0 = 0
+    return row, bos, t_q, t_k, s0
+
+
+@triton.jit
+def _first_kept_key_block(c_ptr, c_top, delta, lo, hi, BLOCK_N: tl.constexpr):
+    """First key block in [lo, hi) whose largest bias ``c_top - c_last`` reaches ``delta``.
+
+    ``c`` never increases, so the blocks that fall under the bound form a prefix: binary search.
+    """
+    left = lo // BLOCK_N
+    right = hi // BLOCK_N
+    while left < right:
+        mid = (left + right) // 2
+        c_last = tl.load(c_ptr + mid * BLOCK_N + BLOCK_N - 1)
+        if (c_top - c_last).to(tl.float32) >= delta:
+            right = mid
+        else:
+            left = mid + 1
+    return left * BLOCK_N
+
+
+@triton.jit
+def _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+               stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
+               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr):
+    kn = start_n + offs_n
+    mask_n = kn < t_k
+    k = tl.load(k_ptrs + kn[:, None].to(tl.int64) * stride_kt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
+    c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
+    s += c_q2[:, None] - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
+    if CAUSAL:
+        s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
+    if HAS_SEQ_START:
+        s = tl.where(kn[None, :] >= s0, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_ptrs + kn[:, None].to(tl.int64) * stride_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, C, SEQ_START, CU, THRESH, O, LSE,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ob, stride_ot, stride_oh,
+    stride_cb, stride_ch, stride_lb, stride_lh,
+    H, Tq, Tk, D, sm_scale2,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
+    if pid_m * BLOCK_M >= t_q:
+        return
+    shift = t_k - t_q
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < t_q
+    mask_d = offs_d < D
+    pos_m = offs_m + shift
+
+    q_ptrs = Q + row * stride_qb + h * stride_qh + (bos + offs_m)[:, None] * stride_qt + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    hk = h // GROUP
+    k_ptrs = K + row * stride_kb + hk * stride_kh + bos * stride_kt + offs_d[None, :]
+    v_ptrs = V + row * stride_vb + hk * stride_vh + bos * stride_vt + offs_d[None, :]
+    c_ptr = C + row * stride_cb + h * stride_ch + bos
+    first = pid_m * BLOCK_M + shift
+    anchor = tl.load(c_ptr + first)
+    c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
+    c_q2 = (c_q - anchor).to(tl.float32) * 1.4426950408889634
+
+    lo = (s0 // BLOCK_N) * BLOCK_N
+    mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
+    hi = tl.minimum(first + BLOCK_M, t_k)
+    if HAS_THRESH:
+        delta = tl.load(THRESH + b * H + h)
+        lo = _first_kept_key_block(c_ptr, anchor, delta, lo, mid, BLOCK_N)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(lo, mid, BLOCK_N):
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
+                                   False, HAS_SEQ_START, PRECISION)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
+                                   True, HAS_SEQ_START, PRECISION)
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_ptrs = O + row * stride_ob + h * stride_oh + (bos + offs_m)[:, None] * stride_ot + offs_d[None, :]
+    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("inf"))
+    tl.store(LSE + row * stride_lb + h * stride_lh + bos + offs_m, lse, mask=mask_m)
+
+
+@triton.jit
+def _delta_kernel(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh,
+                  H, T, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta_i = sum_d o_id * do_id (float32), written as (B, H, T)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < T)[:, None] & (offs_d < D)[None, :]
+    rows = offs_m.to(tl.int64)[:, None]
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows * stride_ot + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows * stride_dt + offs_d[None, :], mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * T + offs_m, delta, mask=offs_m < T)
+
+
+@triton.jit
+def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor, offs_n,
+                s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
+                BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr,
+                PRECISION: tl.constexpr):
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < t_q
+    rows = offs_m[:, None].to(tl.int64)
+    q = tl.load(q_ptrs + rows * stride_qt, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    do = tl.load(do_ptrs + rows * stride_dot, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    lse2 = tl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
+    pos_m = offs_m + shift
+    c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
+    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2
+    s_t += ((c_q - anchor).to(tl.float32) * 1.4426950408889634)[None, :] - c_k2[:, None]
+    if CAUSAL:
+        s_t = tl.where(offs_n[:, None] <= pos_m[None, :], s_t, float("-inf"))
+    if HAS_SEQ_START:
+        s_t = tl.where(offs_n[:, None] >= s0, s_t, float("-inf"))
+    p_t = tl.math.exp2(s_t - lse2[None, :])
+    dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
+    dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)
+    dc -= tl.sum(ds_t, 1)
+    return dk, dv, dc
+
+
+@triton.jit
+def _last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.constexpr):
+    """End of the query blocks in [lo, hi) whose largest bias ``c_first - c_bottom`` reaches ``delta``.
+
+    Later queries see ever smaller ``c``, so the negligible blocks form a suffix: binary search.
+    """
+    left = lo // BLOCK_M
+    right = (hi + BLOCK_M - 1) // BLOCK_M
+    while left < right:
+        mid = (left + right) // 2
+        c_first = tl.load(c_ptr + mid * BLOCK_M + shift)
+        if (c_first - c_bottom).to(tl.float32) >= delta:
+            left = mid + 1
+        else:
+            right = mid
+    return tl.minimum(left * BLOCK_M, hi)
+
+
+@triton.jit
+def _dkdv_kernel(
+    Q, K, V, C, SEQ_START, CU, THRESH, DO, LSE, DELTA, DK, DV, DC,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_dob, stride_dot, stride_doh,
+    stride_dkb, stride_dkt, stride_dkh,
+    stride_dvb, stride_dvt, stride_dvh,
+    stride_cb, stride_ch, stride_lb, stride_lh,
+    H, HKV, Tq, Tk, D, sm_scale, sm_scale2,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
+    if pid_n * BLOCK_N >= t_k:
+        return
+    shift = t_k - t_q
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_n = offs_n < t_k
+    mask_d = offs_d < D
+    mask_nd = mask_n[:, None] & mask_d[None, :]
+    rows_n = (bos + offs_n)[:, None]
+    k = tl.load(K + row * stride_kb + hk * stride_kh + rows_n * stride_kt + offs_d[None, :], mask=mask_nd, other=0.0)
+    v = tl.load(V + row * stride_vb + hk * stride_vh + rows_n * stride_vt + offs_d[None, :], mask=mask_nd, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # Query blocks that see part of this key block (diagonal) then all of it.
+    m_lo = (tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
+    m_mid = tl.minimum(tl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
+    m_mid = tl.maximum(m_mid, m_lo)
+    if (pid_n + 1) * BLOCK_N <= s0:  # every key here is padding
+        m_lo = t_q
+        m_mid = t_q
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        c_ptr = C + row * stride_cb + h * stride_ch + bos
+        anchor = tl.load(c_ptr + pid_n * BLOCK_N)
+        c_k = tl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
+        c_k2 = (c_k - anchor).to(tl.float32) * 1.4426950408889634
+        q_ptrs = Q + row * stride_qb + h * stride_qh + bos * stride_qt + offs_d[None, :]
+        do_ptrs = DO + row * stride_dob + h * stride_doh + bos * stride_dot + offs_d[None, :]
+        lse_ptr = LSE + row * stride_lb + h * stride_lh + bos
+        delta_ptr = DELTA + row * stride_lb + h * stride_lh + bos
+        m_hi = t_q
+        if HAS_THRESH:
+            delta_h = tl.load(THRESH + b * H + h)
+            c_bottom = tl.load(c_ptr + tl.minimum(pid_n * BLOCK_N + BLOCK_N, t_k) - 1)
+            m_hi = _last_kept_query_block(c_ptr, c_bottom, delta_h, shift, m_mid, t_q, BLOCK_M)
+        dc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start_m in range(m_lo, m_mid, BLOCK_M):
+            dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor,
+                                     offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
+                                     BLOCK_M, True, HAS_SEQ_START, PRECISION)
+        for start_m in range(m_mid, m_hi, BLOCK_M):
+            dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor,
+                                     offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
+                                     BLOCK_M, False, HAS_SEQ_START, PRECISION)
+        tl.store(DC + row * stride_cb + h * stride_ch + bos + offs_n, dc, mask=mask_n)
+    dk_ptrs = DK + row * stride_dkb + hk * stride_dkh + rows_n * stride_dkt + offs_d[None, :]
+    dv_ptrs = DV + row * stride_dvb + hk * stride_dvh + rows_n * stride_dvt + offs_d[None, :]
+    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask_nd)
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask_nd)
+
+
+@triton.jit
+def _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+              stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
+              CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr):
+    kn = start_n + offs_n
+    mask_n = kn < t_k
+    k = tl.load(k_ptrs + kn[:, None].to(tl.int64) * stride_kt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    v = tl.load(v_ptrs + kn[:, None].to(tl.int64) * stride_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
+    c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
+    s += c_q2[:, None] - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
+    if CAUSAL:
+        s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
+    if HAS_SEQ_START:
+        s = tl.where(kn[None, :] >= s0, s, float("-inf"))
+    p = tl.math.exp2(s - lse2[:, None])
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _dq_kernel(
+    Q, K, V, C, SEQ_START, CU, THRESH, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_dob, stride_dot, stride_doh,
+    stride_dqb, stride_dqt, stride_dqh,
+    stride_cb, stride_ch, stride_lb, stride_lh,
+    H, Tq, Tk, D, sm_scale, sm_scale2,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
+    if pid_m * BLOCK_M >= t_q:
+        return
+    shift = t_k - t_q
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < t_q
+    mask_d = offs_d < D
+    mask_md = mask_m[:, None] & mask_d[None, :]
+    pos_m = offs_m + shift
+    rows_m = (bos + offs_m)[:, None]
+    q = tl.load(Q + row * stride_qb + h * stride_qh + rows_m * stride_qt + offs_d[None, :], mask=mask_md, other=0.0)
+    do = tl.load(DO + row * stride_dob + h * stride_doh + rows_m * stride_dot + offs_d[None, :], mask=mask_md, other=0.0)
+    lse2 = tl.load(LSE + row * stride_lb + h * stride_lh + bos + offs_m, mask=mask_m, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(DELTA + row * stride_lb + h * stride_lh + bos + offs_m, mask=mask_m, other=0.0)
+    hk = h // GROUP
+    k_ptrs = K + row * stride_kb + hk * stride_kh + bos * stride_kt + offs_d[None, :]
+    v_ptrs = V + row * stride_vb + hk * stride_vh + bos * stride_vt + offs_d[None, :]
+    c_ptr = C + row * stride_cb + h * stride_ch + bos
+    first = pid_m * BLOCK_M + shift
+    anchor = tl.load(c_ptr + first)
+    c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
+    c_q2 = (c_q - anchor).to(tl.float32) * 1.4426950408889634
+
+    lo = (s0 // BLOCK_N) * BLOCK_N
+    mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
+    hi = tl.minimum(first + BLOCK_M, t_k)
+    if HAS_THRESH:
+        delta_h = tl.load(THRESH + b * H + h)
+        lo = _first_kept_key_block(c_ptr, anchor, delta_h, lo, mid, BLOCK_N)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(lo, mid, BLOCK_N):
+        dq = _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, False, HAS_SEQ_START, PRECISION)
+    for start_n in range(mid, hi, BLOCK_N):
+        dq = _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, True, HAS_SEQ_START, PRECISION)
+    dq_ptrs = DQ + row * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :]
+    tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Tile sizes per pass. sm80+ gets deep pipelines; older GPUs and fp32 get smaller tiles."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if interpreting() or device.type != "cuda":
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1)
+    major, _ = torch.cuda.get_device_capability(device)
+    wide = dtype == torch.float32 or block_d > 128
+    if kind == "fwd":
+        cfg = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8 if block_d >= 128 else 4, num_stages=3)
+        if wide:
+            cfg.update(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
+    else:  # dkdv and dq
+        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=8 if block_d >= 128 else 4, num_stages=2)
+        if wide:
+            cfg.update(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if major < 8:
+        cfg.update(BLOCK_M=min(cfg["BLOCK_M"], 64), BLOCK_N=min(cfg["BLOCK_N"], 32), num_stages=1)
+    cfg["BLOCK_D"] = block_d
+    return cfg
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _strides3(x):
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _grid_rows(cu_seqlens, batch, length):
+    """(programs along the batch axis, longest sequence) for the grid."""
+    if cu_seqlens is None:
+        return batch, length
+    return cu_seqlens.numel() - 1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+
+
+def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
+    """c = cumsum(log f) in float64, laid out (B, H, T) so the cumsum runs along a contiguous axis."""
+    g = log_fgate.transpose(1, 2).to(torch.float64)
+    if seq_start is not None:
+        pos = torch.arange(g.shape[-1], device=g.device)
+        g = g * (pos[None, :] >= seq_start[:, None]).to(g.dtype)[:, None, :]
+    return torch.cumsum(g, dim=-1)
+
+
+def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    c = prefix_sums(log_fgate, seq_start)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    n_rows, t_max = _grid_rows(cu_seqlens, B, Tq)
+    cfg = _config("fwd", D, q.dtype, q.device)
+    grid = (triton.cdiv(t_max, cfg["BLOCK_M"]), n_rows * H)
+    _fwd_kernel[grid](
+        q, k, v, c, seq_start, cu_seqlens, threshold, out, lse,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        H, Tq, Tk, D, sm_scale * LOG2E,
+        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
+        HAS_THRESH=threshold is not None, PRECISION=_precision(q.dtype), **cfg,
+    )
+    return out, lse
+
+
+def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    c = prefix_sums(log_fgate, seq_start)
+    delta = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    block_d = max(16, triton.next_power_of_2(D))
+    _delta_kernel[(triton.cdiv(Tq, 64), B * H)](
+        out, do, delta, *_strides3(out), *_strides3(do), H, Tq, D, BLOCK_M=64, BLOCK_D=block_d,
+    )
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dc = torch.zeros(B, H, Tk, dtype=torch.float32, device=q.device)
+    n_rows, t_max = _grid_rows(cu_seqlens, B, Tk)
+    flags = dict(
+        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
+        HAS_THRESH=threshold is not None, PRECISION=_precision(q.dtype),
+    )
+    cfg = _config("bwd", D, q.dtype, q.device)
+    _dkdv_kernel[(triton.cdiv(t_max, cfg["BLOCK_N"]), n_rows * Hkv)](
+        q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, **flags, **cfg,
+    )
+    _dq_kernel[(triton.cdiv(t_max, cfg["BLOCK_M"]), n_rows * H)](
+        q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dq),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, **flags, **cfg,
+    )
+    dlog_fgate = gate_grad_from_dc(dc, seq_start, cu_seqlens)
+    return dq, dk, dv, dlog_fgate
+
+
+def gate_grad_from_dc(dc: torch.Tensor, seq_start, cu_seqlens) -> torch.Tensor:
+    """d log f_t = sum_{u >= t} dc_u within t's sequence, zero on padding. (B, H, T) -> (B, T, H)."""
+    dc = dc.to(torch.float64)
+    suffix = torch.flip(torch.cumsum(torch.flip(dc, dims=[-1]), dim=-1), dims=[-1])
+    T = dc.shape[-1]
+    if cu_seqlens is not None:
+        # The packed suffix sum runs on into later sequences: take off what lies past each end.
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        ends = torch.repeat_interleave(cu_seqlens[1:].long(), lengths, output_size=T)
+        padded = torch.cat([suffix, torch.zeros_like(suffix[..., :1])], dim=-1)
+        suffix = suffix - padded[..., ends]
+    if seq_start is not None:
+        pos = torch.arange(T, device=dc.device)
+        suffix = suffix * (pos[None, :] >= seq_start[:, None]).to(suffix.dtype)[:, None, :]
+    return suffix.to(torch.float32).transpose(1, 2)
