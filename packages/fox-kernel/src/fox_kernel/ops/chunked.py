@@ -33,18 +33,24 @@ def _chunk_rows(B, H, Tq, Tk):
     return max(16, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * Tk)))
 
 
-def _scores(qc, kh, c_rows, c_cols, pos_q, seq_start, sm_scale):
-    """Masked logits for one query chunk: (B, H, C, K)."""
-    s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale
-    s = s + (c_rows[..., :, None] - c_cols[..., None, :])
+def _scores(qc, kh, c_rows, c_cols, pos_q, seq_start, sm_scale, threshold):
+    """Masked logits for one query chunk: (B, H, C, K).
+
+    With a pruning threshold, every score whose decay bias ``c_i - c_j`` is below it is dropped (the
+    kernels drop whole blocks only when the test holds for every pair in the block).
+    """
+    bias = c_rows[..., :, None] - c_cols[..., None, :]
+    s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale + bias
     pos_k = torch.arange(kh.shape[2], device=kh.device)
     allowed = (pos_k[None, :] <= pos_q[:, None])[None, None]
     if seq_start is not None:
         allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
+    if threshold is not None:
+        allowed = allowed & (bias >= threshold[..., None, None])
     return s.masked_fill(~allowed, float("-inf"))
 
 
-def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale):
+def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold):
     B, Tq, H, D = q.shape
     Tk, group = k.shape[1], H // k.shape[2]
     acc = _acc_dtype(q)
@@ -59,7 +65,7 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
         kend = int(pos_q[-1]) + 1
-        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale)
+        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale, threshold)
         m = torch.logsumexp(s, dim=-1)
         m = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m)
         p = torch.exp(s - m[..., None])
@@ -68,7 +74,7 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale):
     return out.permute(0, 2, 1, 3).to(q.dtype), lse
 
 
-def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale):
+def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     group = H // Hkv
@@ -89,7 +95,7 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
         kend = int(pos_q[-1]) + 1
-        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale)
+        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale, threshold)
         p = torch.exp(s - lse[:, :, start:end, None])
         do_c = doh[:, :, start:end]
         dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do_c)
@@ -115,25 +121,30 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale):
     )
 
 
-def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale):
-    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32)."""
-    outs, lses = [], []
-    for s, e in _sequences(cu_seqlens, q.shape[1]):
-        if cu_seqlens is None:
-            o, lse = _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale)
-        else:
-            o, lse = _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
+def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None):
+    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32). threshold: (B or N, H) or None."""
+    if cu_seqlens is None:
+        return _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold)
+    parts = [
+        _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale, _row(threshold, n))
+        for n, (s, e) in enumerate(_sequences(cu_seqlens, q.shape[1]))
+    ]
+    return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=2)
 
 
-def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale):
+def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold=None):
     """Returns (dq, dk, dv, dlog_fgate) in the dtypes of q, k, v, log_fgate."""
     if cu_seqlens is None:
-        return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale)
-    grads = [
-        _dense_bwd(do[:, s:e], q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], out[:, s:e], lse[:, :, s:e], None, sm_scale)
-        for s, e in _sequences(cu_seqlens, q.shape[1])
+        return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
+    parts = [
+        _dense_bwd(
+            do[:, s:e], q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], out[:, s:e], lse[:, :, s:e],
+            None, sm_scale, _row(threshold, n),
+        )
+        for n, (s, e) in enumerate(_sequences(cu_seqlens, q.shape[1]))
     ]
-    return tuple(torch.cat(parts, dim=1) for parts in zip(*grads))
+    return tuple(torch.cat(grads, dim=1) for grads in zip(*parts))
+
+
+def _row(threshold, n):
+    return None if threshold is None else threshold[n : n + 1]

@@ -42,7 +42,7 @@ def _fwd_op(
         from fox_kernel.ops.triton_attention import triton_forward
 
         return triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
-    out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale)
+    out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
     return out.contiguous(), lse
 
 
@@ -71,7 +71,7 @@ def _bwd_op(
 
         grads = triton_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold)
     else:
-        grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale)
+        grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold)
     return tuple(g.contiguous() for g in grads)
 
 

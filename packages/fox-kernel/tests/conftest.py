@@ -1,0 +1,30 @@
+import os
+
+import pytest
+import torch
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_DEVICE_DTYPES = [
+    pytest.param(("cpu", torch.float32), id="cpu-fp32"),
+    pytest.param(("cuda", torch.bfloat16), id="cuda-bf16", marks=pytest.mark.gpu),
+    pytest.param(("cuda", torch.float16), id="cuda-fp16", marks=pytest.mark.gpu),
+    pytest.param(("cuda", torch.float32), id="cuda-fp32", marks=pytest.mark.gpu),
+]
+
+
+@pytest.fixture(params=_DEVICE_DTYPES)
+def device_dtype(request):
+    device, dtype = request.param
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return torch.device(device), dtype
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

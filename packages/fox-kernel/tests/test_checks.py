@@ -1,0 +1,76 @@
+"""Bad input raises at the call, naming the argument, the expected and the actual value."""
+
+import pytest
+import torch
+
+from fox_kernel import forgetting_attention
+
+
+def _ok(B=2, T=8, H=4, Hkv=2, D=16):
+    return (torch.randn(B, T, H, D), torch.randn(B, T, Hkv, D), torch.randn(B, T, Hkv, D),
+            torch.nn.functional.logsigmoid(torch.randn(B, T, H)))
+
+
+def test_valid_call_works():
+    assert forgetting_attention(*_ok()).shape == (2, 8, 4, 16)
+
+
+@pytest.mark.parametrize(
+    "mutate, kwargs, error, pattern",
+    [
+        (lambda a: (a[0][0], *a[1:]), {}, ValueError, r"q must have 4 dimensions .*got shape \(8, 4, 16\)"),
+        (lambda a: (a[0], a[1][:1], a[2], a[3]), {}, ValueError, r"k must have batch size \(q's\) 2, got 1"),
+        (lambda a: (a[0], a[1][..., :8], a[2], a[3]), {}, ValueError, r"k must have head dim \(q's\) 16, got 8"),
+        (lambda a: (a[0], torch.randn(2, 8, 3, 16), torch.randn(2, 8, 3, 16), a[3]), {}, ValueError, r"multiple of k/v's heads, got Hkv=3"),
+        (lambda a: (a[0], a[1], a[2][:, :5], a[3]), {}, ValueError, r"v must have length \(k's\) 8, got 5"),
+        (lambda a: (a[0], a[1][:, :5], a[2][:, :5], a[3][:, :5]), {}, ValueError, r"Tq=8 > Tk=5"),
+        (lambda a: (*a[:3], a[3].double()), {}, TypeError, r"log_fgate must be float32, got torch.float64"),
+        (lambda a: (*a[:3], a[3].bfloat16()), {}, TypeError, r"log_fgate must be float32, got torch.bfloat16"),
+        (lambda a: (a[0], a[1].half(), *a[2:]), {}, TypeError, r"k must have q's dtype torch.float32, got torch.float16"),
+        (lambda a: (a[0].int(), *a[1:]), {}, TypeError, r"q must be one of .* got int32"),
+        (lambda a: (*a[:3], a[3][..., :2]), {}, ValueError, r"log_fgate must have shape \(2, 8, 4\)"),
+        (lambda a: (a[0][..., :8], a[1][..., :8], a[2][..., :8], a[3]), {}, ValueError, r"head dim must be in \[16, 256\], got 8"),
+        (lambda a: ("q", *a[1:]), {}, TypeError, r"q must be a torch.Tensor, got str"),
+        (lambda a: a, {"seq_start": torch.tensor([0, 9])}, ValueError, r"seq_start must lie in \[0, 8\].*\[0, 9\]"),
+        (lambda a: a, {"seq_start": torch.tensor([-1, 0])}, ValueError, r"seq_start must lie in \[0, 8\]"),
+        (lambda a: a, {"seq_start": torch.tensor([0.0, 1.0])}, TypeError, r"seq_start must hold integers, got torch.float32"),
+        (lambda a: a, {"seq_start": torch.tensor([0, 1, 2])}, ValueError, r"seq_start must have shape \(2,\), got \(3,\)"),
+        (lambda a: a, {"cu_seqlens": torch.tensor([0, 8], dtype=torch.int32)}, ValueError, r"batch size must be 1 .* got 2"),
+        (lambda a: a, {"adaptive_threshold": "sometimes"}, ValueError, r"adaptive_threshold must be None"),
+        (lambda a: a, {"adaptive_threshold": torch.zeros(3, 4)}, ValueError, r"adaptive_threshold must broadcast to \(2, 4\)"),
+    ],
+)
+def test_bad_input(mutate, kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        forgetting_attention(*mutate(_ok()), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "cu, pattern",
+    [
+        (torch.tensor([0, 3, 8], dtype=torch.int64), r"cu_seqlens must be int32, got torch.int64"),
+        (torch.tensor([0, 5, 3, 8], dtype=torch.int32), r"cu_seqlens must be strictly increasing"),
+        (torch.tensor([0, 3, 7], dtype=torch.int32), r"end at the packed length 8, got 0..7"),
+        (torch.tensor([[0, 8]], dtype=torch.int32), r"cu_seqlens must be 1-D"),
+    ],
+)
+def test_bad_cu_seqlens(cu, pattern):
+    q, k, v, g = _ok(B=1)
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        forgetting_attention(q, k, v, g, cu_seqlens=cu)
+
+
+def test_cu_seqlens_with_seq_start_is_refused():
+    q, k, v, g = _ok(B=1)
+    with pytest.raises(ValueError, match="seq_start and cu_seqlens cannot be combined"):
+        forgetting_attention(q, k, v, g, cu_seqlens=torch.tensor([0, 8], dtype=torch.int32), seq_start=torch.tensor([0]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_tensors_on_different_devices():
+    q, k, v, g = _ok()
+    with pytest.raises(ValueError, match=r"k must be on cuda:0 like q, got cpu"):
+        forgetting_attention(q.cuda(), k, v.cuda(), g.cuda())
+    with pytest.raises(TypeError, match=r"q must be one of float16, bfloat16, float32 on cuda, got float64"):
+        forgetting_attention(*(x.cuda().double() for x in (q, k, v)), g.cuda())

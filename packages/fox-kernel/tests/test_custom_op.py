@@ -1,0 +1,47 @@
+"""The op is a torch.library custom op: opcheck passes and torch.compile(fullgraph=True) traces it."""
+
+import pytest
+import torch
+
+from fox_kernel import forgetting_attention
+from fox_kernel.reference import forgetting_attention_ref
+
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def _args(device, dtype=torch.float32, B=2, T=24, H=4, Hkv=2, D=32):
+    g = torch.Generator().manual_seed(1)
+    mk = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype).requires_grad_()
+    q, k, v = mk(B, T, H, D), mk(B, T, Hkv, D), mk(B, T, Hkv, D)
+    lf = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g) + 2).to(device).requires_grad_()
+    return q, k, v, lf
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v, lf = _args(device)
+    seq_start = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    for extra in ([None, None], [seq_start, None]):
+        torch.library.opcheck(torch.ops.fox_kernel.forgetting_attention_fwd.default, (q, k, v, lf, *extra, 32**-0.5, None))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_forward_and_backward(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, k, v, lf = _args(device)
+
+    def layer(q, k, v, lf):
+        return (forgetting_attention(q * 1.5, k, v, lf) * 2).sum()
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    loss = compiled(q, k, v, lf)
+    grads = torch.autograd.grad(loss, (q, k, v, lf))
+    ref_in = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
+    ref_loss = (forgetting_attention_ref(ref_in[0] * 1.5, *ref_in[1:]) * 2).sum()
+    ref_grads = torch.autograd.grad(ref_loss, ref_in)
+    torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-4, atol=1e-3)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), r, rtol=1e-3, atol=1e-3)

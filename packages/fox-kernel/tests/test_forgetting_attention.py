@@ -1,0 +1,170 @@
+"""Forgetting Attention vs the float64 reference: outputs and all four gradients.
+
+On the CPU this exercises the chunked PyTorch path; with TRITON_INTERPRET=1 (see test_interpreted.py)
+the same tests run the Triton kernels through the interpreter; on a GPU, the compiled kernels in
+bf16, fp16 and fp32.
+"""
+
+import os
+
+import pytest
+import torch
+
+
+from fox_kernel import forgetting_attention
+from fox_kernel.reference import forgetting_attention_ref
+from fox_kernel.testing import assert_close_to_reference, random_log_fgate
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tk, Hkv, D, generator=g)
+    v = torch.randn(B, Tk, Hkv, D, generator=g)
+    log_fgate = random_log_fgate((B, Tk, H), speed=speed, generator=g)
+    to = lambda x, dt: x.to(device=device, dtype=dt).requires_grad_()
+    return to(q, dtype), to(k, dtype), to(v, dtype), to(log_fgate, torch.float32)
+
+
+def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", grad=True, **kw):
+    q, k, v, lf = _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed)
+    out = forgetting_attention(q, k, v, lf, **kw)
+    exact_in = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
+    same_in = [x.detach().clone().requires_grad_() for x in (q, k, v, lf)]
+    exact = forgetting_attention_ref(*exact_in, **kw)
+    same = forgetting_attention_ref(*same_in, **kw)
+    assert_close_to_reference(out, exact, same, name="out")
+    if not grad:
+        return out
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, lf), do)
+    exact_grads = torch.autograd.grad(exact, exact_in, do.double())
+    same_grads = torch.autograd.grad(same, same_in, do)
+    for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), grads, exact_grads, same_grads):
+        assert_close_to_reference(a, e, s, name=name, factor=3.0)
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 7, 63, 200, 1000])
+def test_odd_lengths(device_dtype, T):
+    if INTERPRET and T > 200:
+        pytest.skip("long sequence: too slow in the interpreter")
+    _check(*device_dtype, B=2, Tq=T, Tk=T, H=3, Hkv=3, D=32)
+
+
+@pytest.mark.parametrize("D", [16, 48, 64, 80, 128, 256])
+def test_head_dims(device_dtype, D):
+    _check(*device_dtype, B=1, Tq=77, Tk=77, H=2, Hkv=2, D=D)
+
+
+@pytest.mark.parametrize("speed", ["fast", "slow"])
+def test_gate_speeds(device_dtype, speed):
+    _check(*device_dtype, B=2, Tq=150, Tk=150, H=2, Hkv=2, D=64, speed=speed)
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 90), (5, 64), (33, 100), (64, 129)])
+def test_queries_shorter_than_keys(device_dtype, Tq, Tk):
+    _check(*device_dtype, B=2, Tq=Tq, Tk=Tk, H=2, Hkv=1, D=32)
+
+
+def test_seq_start_left_padding(device_dtype):
+    device, dtype = device_dtype
+    seq_start = torch.tensor([0, 17, 70, 90], device=device)  # last row: every key is padding
+    out = _check(device, dtype, B=4, Tq=90, Tk=90, H=2, Hkv=2, D=32, seq_start=seq_start)
+    assert out[3].abs().max() == 0
+    assert out[2, :70].abs().max() == 0
+
+
+def test_seq_start_padding_gets_no_gradient(device_dtype):
+    device, dtype = device_dtype
+    q, k, v, lf = _inputs(3, 40, 50, 2, 2, 32, device, dtype)
+    seq_start = torch.tensor([0, 20, 50], device=device)
+    out = forgetting_attention(q, k, v, lf, seq_start=seq_start)
+    out.backward(torch.randn_like(out))
+    assert k.grad[1, :20].abs().max() == 0 and v.grad[1, :20].abs().max() == 0
+    assert lf.grad[1, :20].abs().max() == 0
+    for x in (q, k, v, lf):
+        assert x.grad[2].abs().max() == 0
+    assert lf.grad[1, 20:].abs().max() > 0
+
+
+def test_seq_start_with_short_queries(device_dtype):
+    device, _ = device_dtype
+    _check(*device_dtype, B=2, Tq=9, Tk=60, H=2, Hkv=1, D=32, seq_start=torch.tensor([5, 55], device=device))
+
+
+def test_gqa_equals_mha_with_repeated_kv(device_dtype):
+    device, dtype = device_dtype
+    H, Hkv = 8, 2
+    q, k, v, lf = _inputs(2, 70, 70, H, Hkv, 64, device, dtype)
+    out = forgetting_attention(q, k, v, lf)
+    k_rep, v_rep = (x.detach().repeat_interleave(H // Hkv, dim=2).requires_grad_() for x in (k, v))
+    out_mha = forgetting_attention(q, k_rep, v_rep, lf)
+    torch.testing.assert_close(out, out_mha, rtol=0, atol=0)
+    do = torch.randn_like(out)
+    dk, dv = torch.autograd.grad(out, (k, v), do)
+    dk_mha, dv_mha = torch.autograd.grad(out_mha, (k_rep, v_rep), do)
+    fold = lambda x: x.float().view(*x.shape[:2], Hkv, H // Hkv, -1).sum(3)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dk.float(), fold(dk_mha), **tol)
+    torch.testing.assert_close(dv.float(), fold(dv_mha), **tol)
+    _check(device, dtype, B=2, Tq=70, Tk=70, H=H, Hkv=1, D=32)  # MQA
+
+
+def test_varlen_equals_each_sequence_alone(device_dtype):
+    device, dtype = device_dtype
+    lengths = [1, 37, 64, 5, 130]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    total = sum(lengths)
+    q, k, v, lf = _inputs(1, total, total, 4, 2, 32, device, dtype)
+    out = forgetting_attention(q, k, v, lf, cu_seqlens=cu)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v, lf), do)
+    b = cu.tolist()
+    for s, e in zip(b[:-1], b[1:]):
+        piece = [x.detach()[:, s:e].clone().requires_grad_() for x in (q, k, v, lf)]
+        alone = forgetting_attention(*piece)
+        torch.testing.assert_close(out[:, s:e], alone, rtol=0, atol=0)
+        alone_grads = torch.autograd.grad(alone, piece, do[:, s:e])
+        for name, g_all, g_one in zip(("dq", "dk", "dv", "dlog_fgate"), grads, alone_grads):
+            torch.testing.assert_close(g_all[:, s:e].float(), g_one.float(), rtol=1e-4, atol=1e-4, msg=name)
+    _check(device, dtype, B=1, Tq=total, Tk=total, H=4, Hkv=2, D=32, cu_seqlens=cu)
+
+
+def test_sm_scale_and_head_first(device_dtype):
+    device, dtype = device_dtype
+    _check(device, dtype, B=2, Tq=45, Tk=45, H=2, Hkv=2, D=32, sm_scale=0.3)
+    q, k, v, lf = _inputs(2, 45, 60, 4, 2, 32, device, dtype)
+    out = forgetting_attention(q, k, v, lf)
+    out_hf = forgetting_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), lf.transpose(1, 2), head_first=True
+    )
+    torch.testing.assert_close(out_hf.transpose(1, 2), out, rtol=0, atol=0)
+
+
+def test_plain_attention_when_gates_are_one(device_dtype):
+    device, dtype = device_dtype
+    q, k, v, lf = _inputs(2, 50, 50, 2, 2, 32, device, dtype)
+    zero_gates = torch.zeros_like(lf)
+    out = forgetting_attention(q, k, v, zero_gates)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2).double(), k.transpose(1, 2).double(), v.transpose(1, 2).double(), is_causal=True
+    ).transpose(1, 2)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), sdpa, rtol=tol, atol=tol)
+
+
+def test_pruning_stays_within_its_bound(device_dtype):
+    device, dtype = device_dtype
+    q, k, v, lf = _inputs(2, 300, 300, 2, 1, 32, device, dtype, speed="fast")
+    exact = forgetting_attention(q, k, v, lf)
+    pruned = forgetting_attention(q, k, v, lf, adaptive_threshold="auto")
+    # Each output row is a convex combination; pruning drops at most eps = e^-10 of the weight,
+    # so the change is at most 2 * eps * max|v| (plus rounding).
+    bound = 2 * torch.exp(torch.tensor(-10.0)).item() * v.abs().max().item()
+    rounding = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (pruned.float() - exact.float()).abs().max().item() <= bound + rounding
+    loose = forgetting_attention(q, k, v, lf, adaptive_threshold=-2.0)
+    assert (loose.float() - exact.float()).abs().max().item() > bound + rounding  # pruning really happened
