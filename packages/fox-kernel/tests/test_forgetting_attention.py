@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 
-
 from fox_kernel import forgetting_attention
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
@@ -166,5 +165,8 @@ def test_pruning_stays_within_its_bound(device_dtype):
     bound = 2 * torch.exp(torch.tensor(-10.0)).item() * v.abs().max().item()
     rounding = 1e-5 if dtype == torch.float32 else 2e-2
     assert (pruned.float() - exact.float()).abs().max().item() <= bound + rounding
-    loose = forgetting_attention(q, k, v, lf, adaptive_threshold=-2.0)
-    assert (loose.float() - exact.float()).abs().max().item() > bound + rounding  # pruning really happened
+    # With slow gates and a tight threshold, off-diagonal blocks carry real weight: pruning must show.
+    q, k, v, lf = _inputs(2, 300, 300, 2, 1, 32, device, dtype, speed="slow")
+    exact = forgetting_attention(q, k, v, lf)
+    loose = forgetting_attention(q, k, v, lf, adaptive_threshold=-0.1)
+    assert (loose.float() - exact.float()).abs().max().item() > 0.05

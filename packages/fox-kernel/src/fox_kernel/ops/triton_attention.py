@@ -8,8 +8,9 @@ FlashAttention-2 structure with the FoX bias ``c_i - c_j`` added to every score 
   ``|c|`` is large (long sequences, fast-forgetting heads);
 * key blocks left of a query tile's diagonal run without the causal mask; fully padded and (with
   ``adaptive_threshold``) negligibly decayed blocks are never visited;
-* the gate gradient ``dc_j = -sum_i ds_ij`` is a column sum taken in the dK/dV pass, one program per
-  key block, so no atomics are needed and gradients are bit-reproducible;
+* the gate gradient ``dc_j = sum_l ds_jl - sum_i ds_ij`` is a column sum taken in the dK/dV pass plus a
+  row sum taken in the dQ pass, each position owned by one program, so no atomics are needed and
+  gradients are bit-reproducible;
 * GQA: one dK/dV program per key/value head loops over the query heads of its group.
 
 Layouts: q (B, Tq, H, D), k/v (B, Tk, Hkv, D), any strides with a unit last stride; c (B, H, Tk)
@@ -69,12 +70,26 @@ def _first_kept_key_block(c_ptr, c_top, delta, lo, hi, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, MASKED: tl.constexpr):
+    """A (BLOCK_N, BLOCK_D) tile of K and of V; off the diagonal with a power-of-two D, unmasked."""
+    rows = kn[:, None].to(tl.int64)
+    if MASKED:
+        mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(k_ptrs + rows * stride_kt, mask=mask, other=0.0)
+        v = tl.load(v_ptrs + rows * stride_vt, mask=mask, other=0.0)
+    else:
+        k = tl.load(k_ptrs + rows * stride_kt)
+        v = tl.load(v_ptrs + rows * stride_vt)
+    return k, v
+
+
+@triton.jit
 def _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
                stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr):
+               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
     kn = start_n + offs_n
     mask_n = kn < t_k
-    k = tl.load(k_ptrs + kn[:, None].to(tl.int64) * stride_kt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    k, v = _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, CAUSAL or not EVEN_D)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
     c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
     s += c_q2[:, None] - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
@@ -86,7 +101,6 @@ def _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0,
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_ptrs + kn[:, None].to(tl.int64) * stride_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, l_i, m_new
 
@@ -102,7 +116,7 @@ def _fwd_kernel(
     H, Tq, Tk, D, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
-    PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -143,11 +157,11 @@ def _fwd_kernel(
     for start_n in range(lo, mid, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-                                   False, HAS_SEQ_START, PRECISION)
+                                   False, HAS_SEQ_START, EVEN_D, PRECISION)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-                                   True, HAS_SEQ_START, PRECISION)
+                                   True, HAS_SEQ_START, EVEN_D, PRECISION)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -235,7 +249,7 @@ def _dkdv_kernel(
     H, HKV, Tq, Tk, D, sm_scale, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
-    PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -295,13 +309,12 @@ def _dkdv_kernel(
 
 
 @triton.jit
-def _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+def _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
               stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-              CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr):
+              CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
     kn = start_n + offs_n
     mask_n = kn < t_k
-    k = tl.load(k_ptrs + kn[:, None].to(tl.int64) * stride_kt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-    v = tl.load(v_ptrs + kn[:, None].to(tl.int64) * stride_vt, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    k, v = _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, CAUSAL or not EVEN_D)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
     c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
     s += c_q2[:, None] - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
@@ -313,12 +326,12 @@ def _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    return dq
+    return dq, dc_row + tl.sum(ds, 1)
 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, C, SEQ_START, CU, THRESH, DO, LSE, DELTA, DQ,
+    Q, K, V, C, SEQ_START, CU, THRESH, DO, LSE, DELTA, DQ, DC_ROW,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -328,7 +341,7 @@ def _dq_kernel(
     H, Tq, Tk, D, sm_scale, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
-    PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -366,37 +379,49 @@ def _dq_kernel(
         delta_h = tl.load(THRESH + b * H + h)
         lo = _first_kept_key_block(c_ptr, anchor, delta_h, lo, mid, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dc_row = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(lo, mid, BLOCK_N):
-        dq = _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
-                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, False, HAS_SEQ_START, PRECISION)
+        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, False, HAS_SEQ_START, EVEN_D, PRECISION)
     for start_n in range(mid, hi, BLOCK_N):
-        dq = _dq_block(dq, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
-                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, True, HAS_SEQ_START, PRECISION)
+        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, True, HAS_SEQ_START, EVEN_D, PRECISION)
     dq_ptrs = DQ + row * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
+    tl.store(DC_ROW + row * stride_lb + h * stride_lh + bos + offs_m, dc_row, mask=mask_m)
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# Tile shapes per pass, from benchmarks/tune_tiles.py on an H200 (sm90, torch 2.11, triton 3.6, T=16k);
+# sm80 gets them with narrower key tiles and two stages (less shared memory); older GPUs, fp32 and
+# D > 128 get small, safe tiles.
+TILES = {
+    "fwd": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2),
+            128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)},
+    "dkdv": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+             128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+    "dq": {64: dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=2),
+           128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+}
+SAFE_TILES = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
 def _config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
-    """Tile sizes per pass. sm80+ gets deep pipelines; older GPUs and fp32 get smaller tiles."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if interpreting() or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=4, num_stages=1)
     major, _ = torch.cuda.get_device_capability(device)
-    wide = dtype == torch.float32 or block_d > 128
-    if kind == "fwd":
-        cfg = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8 if block_d >= 128 else 4, num_stages=3)
-        if wide:
-            cfg.update(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2)
-    else:  # dkdv and dq
-        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=8 if block_d >= 128 else 4, num_stages=2)
-        if wide:
-            cfg.update(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
-    if major < 8:
-        cfg.update(BLOCK_M=min(cfg["BLOCK_M"], 64), BLOCK_N=min(cfg["BLOCK_N"], 32), num_stages=1)
+    if major < 8 or dtype == torch.float32 or block_d > 128:
+        cfg = dict(SAFE_TILES)
+        if block_d <= 128 and major >= 8:
+            cfg["num_stages"] = 2
+    else:
+        cfg = dict(TILES[kind][max(64, block_d)])
+        if major == 8:  # A100-class shared memory: narrower key tiles, two stages
+            cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 64), num_stages=min(cfg["num_stages"], 2))
     cfg["BLOCK_D"] = block_d
     return cfg
 
@@ -440,7 +465,7 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, D, sm_scale * LOG2E,
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
-        HAS_THRESH=threshold is not None, PRECISION=_precision(q.dtype), **cfg,
+        HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D, PRECISION=_precision(q.dtype), **cfg,
     )
     return out, lse
 
@@ -463,21 +488,26 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     n_rows, t_max = _grid_rows(cu_seqlens, B, Tk)
     flags = dict(
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
-        HAS_THRESH=threshold is not None, PRECISION=_precision(q.dtype),
+        HAS_THRESH=threshold is not None, EVEN_D=max(16, triton.next_power_of_2(D)) == D, PRECISION=_precision(q.dtype),
     )
-    cfg = _config("bwd", D, q.dtype, q.device)
+    cfg = _config("dkdv", D, q.dtype, q.device)
     _dkdv_kernel[(triton.cdiv(t_max, cfg["BLOCK_N"]), n_rows * Hkv)](
         q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, **flags, **cfg,
     )
+    dc_row = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    cfg = _config("dq", D, q.dtype, q.device)
     _dq_kernel[(triton.cdiv(t_max, cfg["BLOCK_M"]), n_rows * H)](
-        q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq,
+        q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dq),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, **flags, **cfg,
     )
+    # The row term of dc (d score_ij / d c_i = 1) vanishes in exact arithmetic but cancels the rounding
+    # of delta (computed from the stored, rounded output); without it that error piles up in the suffix sums.
+    dc[..., Tk - Tq :] += dc_row
     dlog_fgate = gate_grad_from_dc(dc, seq_start, cu_seqlens)
     return dq, dk, dv, dlog_fgate
 

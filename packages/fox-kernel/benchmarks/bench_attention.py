@@ -1,0 +1,170 @@
+"""Side-by-side speed of Forgetting Attention contenders (protocol of BENCHMARKS.md).
+
+Times SDPA (cuDNN and flash backends, no gate: the ceiling), FlexAttention with a FoX score_mod,
+flash-linear-attention's ``parallel_forgetting_attn`` (if installed) and ours, forward and
+forward+backward, at B*T = 16384 tokens and H*D = 2048; a GQA case; pruning (ACP) with fast and slow
+gates. Prints a table and writes JSON.
+
+    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fox_kernel import forgetting_attention
+
+
+def _flops(B, H, T, D, mode):
+    fwd = 4 * B * H * T * T * D / 2
+    return fwd * (3.5 if mode == "fwd+bwd" else 1.0)
+
+
+def _inputs(B, T, H, Hkv, D, gate_shift=4.0):
+    q = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
+    lf = F.logsigmoid(torch.randn(B, T, H, device="cuda") + gate_shift)
+    return q, k, v, lf
+
+
+def _sdpa(backend):
+    def run(q, k, v, lf):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=k.shape[2] != q.shape[2],
+            ).transpose(1, 2)
+    return run
+
+
+def _flex():
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    # Every case is a new compile; past dynamo's default cache limit flex would silently run eager.
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 256)
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    masks = {}
+
+    def run(q, k, v, lf):
+        B, T, H, _ = q.shape
+        if T not in masks:
+            masks[T] = create_block_mask(lambda b, h, i, j: j <= i, None, None, T, T, device="cuda")
+        c_q = torch.cumsum(lf.transpose(1, 2), dim=-1)  # (B, H, T), contiguous time axis
+        c_k = c_q.clone()  # FlexAttention's backward needs one captured tensor per indexing
+
+        def score_mod(score, b, h, i, j):
+            return score + c_q[b, h, i] - c_k[b, h, j]
+
+        return compiled(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), score_mod=score_mod,
+                        block_mask=masks[T], enable_gqa=k.shape[2] != H).transpose(1, 2)
+    return run
+
+
+def _fla():
+    from fla.ops.forgetting_attn import parallel_forgetting_attn
+
+    return lambda q, k, v, lf: parallel_forgetting_attn(q, k, v, lf)
+
+
+def _ours(**kw):
+    return lambda q, k, v, lf: forgetting_attention(q, k, v, lf, **kw)
+
+
+def _time(fn, args, mode):
+    q, k, v, lf = args
+    if mode == "fwd":
+        with torch.no_grad():
+            return triton.testing.do_bench(lambda: fn(q, k, v, lf), warmup=50, rep=200, return_mode="median")
+    leaves = [x.detach().requires_grad_() for x in args]
+    do = torch.randn_like(q)
+
+    def step():
+        out = fn(*leaves)
+        torch.autograd.grad(out, leaves, do, allow_unused=True)  # plain SDPA has no gates
+    return triton.testing.do_bench(step, warmup=50, rep=200, return_mode="median")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench_attention.json")
+    ap.add_argument("--quick", action="store_true", help="only T=4k and 16k")
+    ap.add_argument("--no-flex", action="store_true")
+    args = ap.parse_args()
+
+    contenders = {"sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION)}
+    if not args.no_flex:
+        contenders["flex_fox"] = _flex()
+    try:
+        contenders["fla"] = _fla()
+    except ImportError:
+        print("fla not installed: skipping parallel_forgetting_attn")
+    contenders["fox (ours)"] = _ours()
+
+    lengths = [4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384]
+    cases = [(16384 // T, T, 2048 // D, 2048 // D, D) for D in (64, 128) for T in lengths]
+    cases += [(2, 8192, 32, 8, 128), (2, 8192, 32, 32, 128)]  # GQA and the equivalent MHA
+    rows = []
+    for B, T, H, Hkv, D in cases:
+        torch.manual_seed(0)
+        inputs = _inputs(B, T, H, Hkv, D)
+        for mode in ("fwd", "fwd+bwd"):
+            row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, mode=mode)
+            for name, fn in contenders.items():
+                try:
+                    ms = _time(fn, inputs, mode)
+                    row[name] = _flops(B, H, T, D, mode) / ms / 1e9
+                except Exception as e:  # a contender that cannot run this case is reported, not fatal
+                    print(f"{name} failed at {row}: {type(e).__name__}: {str(e)[:200]}")
+                    row[name] = float("nan")
+            rows.append(row)
+            print(_fmt_row(row, contenders))
+
+    acp = []
+    B, T, H, D = 1, 16384, 16, 128
+    for label, shift in (("fast (mean log f ~ -0.18)", 1.7), ("fast (mean log f ~ -0.018)", 4.0), ("slow (mean log f ~ -0.0006)", 7.4)):
+        torch.manual_seed(0)
+        inputs = _inputs(B, T, H, H, D, gate_shift=shift)
+        mean = inputs[3].mean().item()
+        for mode in ("fwd", "fwd+bwd"):
+            base = _time(_ours(), inputs, mode)
+            pruned = _time(_ours(adaptive_threshold="auto"), inputs, mode)
+            flops = _flops(B, H, T, D, mode)
+            acp.append(dict(gates=label, mean_log_f=mean, mode=mode, tflops_exact=flops / base / 1e9,
+                            tflops_effective_pruned=flops / pruned / 1e9, speedup=base / pruned))
+            print(f"ACP {label:30s} {mode:8s} exact {flops / base / 1e9:6.1f}  pruned(eff) {flops / pruned / 1e9:6.1f}  x{base / pruned:.2f}")
+
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               python=platform.python_version())
+    print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
+    print("TFLOP/s (bf16, causal; fwd FLOPs 2BHT^2D, fwd+bwd 3.5x)")
+    print(_fmt_header(contenders))
+    for row in rows:
+        print(_fmt_row(row, contenders))
+    with open(args.out, "w") as f:
+        json.dump(dict(env=env, attention=rows, acp=acp), f, indent=1)
+
+
+def _fmt_header(contenders):
+    return f"{'B':>3} {'T':>6} {'H':>3} {'Hkv':>3} {'D':>4} {'mode':8} " + " ".join(f"{n:>11}" for n in contenders) + "  ours/cudnn"
+
+
+def _fmt_row(row, contenders):
+    ratio = row["fox (ours)"] / row["sdpa_cudnn"] if row.get("sdpa_cudnn") else math.nan
+    vals = " ".join(f"{row[n]:11.1f}" for n in contenders)
+    return f"{row['B']:3d} {row['T']:6d} {row['H']:3d} {row['Hkv']:3d} {row['D']:4d} {row['mode']:8} {vals}  {ratio:10.2f}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Sweep tile shapes of the three Triton passes and print the fastest per head dim (bf16, causal).
+
+    python packages/fox-kernel/benchmarks/tune_tiles.py --out tiles.json
+
+The winners go into ``fox_kernel.ops.triton_attention.TILES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from fox_kernel.ops import triton_attention as ta
+
+CANDIDATES = {
+    "fwd": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
+            (128, 32, 4, 3), (128, 64, 8, 4), (64, 128, 4, 3), (128, 128, 4, 2)],
+    "dkdv": [(32, 128, 4, 2), (32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 2), (64, 64, 8, 3),
+             (128, 64, 8, 2), (32, 64, 4, 3), (64, 128, 4, 2), (16, 128, 4, 3)],
+    "dq": [(128, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 3),
+           (128, 64, 4, 2), (64, 32, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3)],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tiles.json")
+    ap.add_argument("--T", type=int, default=16384)
+    args = ap.parse_args()
+    original = ta._config
+    chosen = {"fwd": {}, "dkdv": {}, "dq": {}}
+    results = []
+    for D in (64, 128):
+        B, T, H = 16384 // args.T, args.T, 2048 // D
+        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        lf = F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4)
+        out, lse = ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None)
+        do = torch.randn_like(q)
+        flops = 4 * B * H * T * T * D / 2
+        for kind in ("fwd", "dkdv", "dq"):
+            best = None
+            for bm, bn, w, st in CANDIDATES[kind]:
+                trial = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
+
+                def patched(k_, head_dim, dtype, device, trial=trial, kind=kind):
+                    cfg = original(k_, head_dim, dtype, device)
+                    if k_ == kind:
+                        cfg.update(trial)
+                    elif k_ in chosen and D in chosen[k_]:
+                        cfg.update(chosen[k_][D])
+                    return cfg
+                ta._config = patched
+                try:
+                    if kind == "fwd":
+                        ms = triton.testing.do_bench(lambda: ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None),
+                                                     warmup=25, rep=100, return_mode="median")
+                    else:
+                        ms = triton.testing.do_bench(
+                            lambda: ta.triton_backward(do, q, k, v, lf, out, lse, None, None, D**-0.5, None),
+                            warmup=25, rep=100, return_mode="median")
+                except Exception as e:  # out of shared memory / registers: not a candidate here
+                    print(f"{kind} D={D} {trial}: {type(e).__name__}")
+                    continue
+                finally:
+                    ta._config = original
+                tflops = flops * (1.0 if kind == "fwd" else 2.5) / ms / 1e9
+                results.append(dict(kind=kind, D=D, T=T, **trial, ms=ms, tflops=tflops))
+                print(f"{kind:5s} D={D:3d} BM={bm:3d} BN={bn:3d} w={w} st={st}: {ms:7.3f} ms  {tflops:6.1f} TFLOP/s"
+                      + ("" if kind == "fwd" else " (whole backward)"))
+                if best is None or ms < best[0]:
+                    best = (ms, trial)
+            chosen[kind][D] = best[1]
+            print(f"best {kind} D={D}: {best[1]} {best[0]:.3f} ms")
+    print(json.dumps(chosen, indent=1))
+    with open(args.out, "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       chosen={k: {str(d): c for d, c in v.items()} for k, v in chosen.items()}, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
