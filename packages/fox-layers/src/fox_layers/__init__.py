@@ -1,1 +1,23 @@
-"""placeholder"""
+"""fox-layers: the parts of a Forgetting Transformer block as plain nn.Modules with explicit arguments."""
+
+from fox_layers.attention import AttentionState, ForgettingAttentionLayer, decay_time_bias
+from fox_layers.mlp import SwiGLUMLP, intermediate_size_for
+from fox_layers.norms import GroupRMSNorm, RMSNorm, rms_norm
+from fox_layers.rope import apply_rope
+from fox_layers.shift import ShiftLinear, previous_tokens
+
+__version__ = "0.1.0"
+__all__ = [
+    "AttentionState",
+    "ForgettingAttentionLayer",
+    "GroupRMSNorm",
+    "RMSNorm",
+    "ShiftLinear",
+    "SwiGLUMLP",
+    "apply_rope",
+    "decay_time_bias",
+    "intermediate_size_for",
+    "previous_tokens",
+    "rms_norm",
+    "__version__",
+]

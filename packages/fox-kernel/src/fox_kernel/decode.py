@@ -1,0 +1,96 @@
+"""Forgetting Attention against a KV cache that stores the gate prefix sums ``c`` per token.
+
+Because ``c`` is cached, a decoding step costs one read of the cache and never recomputes a cumsum
+over it. The cache here is a set of plain tensors grown by ``append_to_cache``:
+
+    k_cache, v_cache: (B, T, Hkv, D)   c_cache: (B, T, H) float32   (T = tokens cached so far)
+
+This is the PyTorch implementation (CPU and GPU). Queries are chunked so a long chunked prefill never
+holds more than (B, H, chunk, T) scores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fox_kernel.ops import checks
+
+_CHUNK_ELEMENTS = 1 << 26
+
+
+def append_to_cache(
+    k_cache: torch.Tensor | None,
+    v_cache: torch.Tensor | None,
+    c_cache: torch.Tensor | None,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    log_fgate_new: torch.Tensor,
+    seq_start: torch.Tensor | None = None,
+):
+    """Append new tokens: k_new, v_new (B, Tn, Hkv, D), log_fgate_new (B, Tn, H) float32.
+
+    The new prefix sums continue from the last cached one; gates of positions before ``seq_start``
+    (left padding, counted in cache positions) do not count. Returns the three grown tensors.
+    """
+    if log_fgate_new.dtype != torch.float32:
+        raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
+    past = 0 if k_cache is None else k_cache.shape[1]
+    g = log_fgate_new
+    if seq_start is not None:
+        pos = torch.arange(past, past + g.shape[1], device=g.device)
+        g = g * (pos[None, :] >= seq_start[:, None]).to(g.dtype)[..., None]
+    c_new = torch.cumsum(g.double(), dim=1)
+    if c_cache is not None and past > 0:
+        c_new = c_new + c_cache[:, -1:].double()
+    c_new = c_new.float()
+    if k_cache is None:
+        return k_new, v_new, c_new
+    return (torch.cat([k_cache, k_new], dim=1), torch.cat([v_cache, v_new], dim=1), torch.cat([c_cache, c_new], dim=1))
+
+
+def forgetting_attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    c_cache: torch.Tensor,
+    *,
+    seq_start: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of the newest ``Tq`` tokens (already appended) over the whole cache.
+
+    q: (B, Tq, H, D), end-aligned with the cache: query i sits at cache position T - Tq + i.
+    Returns (B, Tq, H, D) in q's dtype; rows of padding positions return 0.
+    """
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
+        checks.require_tensor(name, x)
+    B, Tq, H, D = q.shape
+    T, Hkv = k_cache.shape[1], k_cache.shape[2]
+    if Tq > T:
+        raise ValueError(f"q has {Tq} tokens but the cache holds only {T}; append them first")
+    if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (B, T, H):
+        raise ValueError(f"c_cache must be float32 of shape {(B, T, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
+    if H % Hkv != 0:
+        raise ValueError(f"q's {H} heads must be a multiple of the cache's heads, got Hkv={Hkv}")
+    scale = D**-0.5 if sm_scale is None else sm_scale
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    group = H // Hkv
+    kh = k_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)  # (B, H, T, D)
+    vh = v_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
+    c = c_cache.permute(0, 2, 1).to(acc)  # (B, H, T)
+    qh = q.permute(0, 2, 1, 3).to(acc)
+    out = torch.empty(B, H, Tq, D, dtype=acc, device=q.device)
+    pos_k = torch.arange(T, device=q.device)
+    rows = max(1, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * T)))
+    for start in range(0, Tq, rows):
+        end = min(Tq, start + rows)
+        pos_q = torch.arange(start, end, device=q.device) + (T - Tq)
+        s = torch.matmul(qh[:, :, start:end], kh.transpose(-1, -2)) * scale
+        s = s + c[..., pos_q, None] - c[..., None, :]
+        allowed = (pos_k[None, :] <= pos_q[:, None])[None, None]
+        if seq_start is not None:
+            allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
+        s = s.masked_fill(~allowed, float("-inf"))
+        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        out[:, :, start:end] = torch.matmul(p, vh)
+    return out.permute(0, 2, 1, 3).to(q.dtype)

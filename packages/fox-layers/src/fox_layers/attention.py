@@ -1,0 +1,231 @@
+"""The FoX attention layer (LLaMA and Pro variants) and its decoding state."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache
+from fox_layers.norms import GroupRMSNorm
+from fox_layers.rope import apply_rope
+from fox_layers.shift import ShiftLinear
+
+FGATE_TYPES = ("full", "bias_only", "fixed", "none")
+
+
+def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
+    """Gate biases with decay times T_h = exp(linspace(ln T_min, ln T_max, H)): logsigmoid(b_h) = -1/T_h."""
+    times = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64))
+    return (-torch.log(torch.expm1(1.0 / times))).float()
+
+
+@dataclass
+class AttentionState:
+    """What one layer keeps between decoding calls, in the kernel's cache format.
+
+    k, v: (B, T, Hkv, D); c: (B, T, H) float32 prefix sums of the log gates; k_shift, v_shift: the last
+    token's un-mixed projections (B, Hkv * D) for the token shift; seq_start: (B,) left padding.
+    """
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    c: torch.Tensor | None = None
+    k_shift: torch.Tensor | None = None
+    v_shift: torch.Tensor | None = None
+    seq_start: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search)."""
+        for name in ("k", "v", "c", "k_shift", "v_shift", "seq_start"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.index_select(0, index.to(t.device)))
+
+
+class ForgettingAttentionLayer(nn.Module):
+    """Forgetting Attention with the FoX (Pro) options of FOX.md section 3.
+
+    Submodule names follow the published checkpoints: q_proj, k_proj / v_proj (Linear, or ShiftLinear
+    with ``linear`` and ``shift_proj``), o_proj, fgate_proj, ogate_proj, output_norm, q_norm, k_norm.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        *,
+        use_output_gate: bool = False,
+        ogate_act: str = "sigmoid",
+        use_output_norm: bool = False,
+        norm_eps: float = 1e-6,
+        qk_norm: bool = False,
+        qk_norm_share_param_across_head: bool = False,
+        use_k_shift: bool = False,
+        use_v_shift: bool = False,
+        fgate_type: str = "full",
+        fgate_bias_init: bool = False,
+        decay_time_min: float | None = None,
+        decay_time_max: float | None = None,
+        use_rope: bool = False,
+        rope_base: float = 500000.0,
+        log_pruning_tolerance: float | None = None,
+        attention_bias: bool = False,
+    ):
+        super().__init__()
+        num_kv_heads = num_kv_heads or num_heads
+        if hidden_size % num_heads != 0:
+            raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        if fgate_type not in FGATE_TYPES:
+            raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
+        if ogate_act not in ("sigmoid", "silu"):
+            raise ValueError(f"ogate_act must be 'sigmoid' or 'silu', got {ogate_act!r}")
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.kv_dim = num_kv_heads * self.head_dim
+        self.use_output_gate = use_output_gate
+        self.ogate_act = ogate_act
+        self.use_output_norm = use_output_norm
+        self.qk_norm = qk_norm
+        self.use_k_shift = use_k_shift
+        self.use_v_shift = use_v_shift
+        self.fgate_type = fgate_type
+        self.use_rope = use_rope
+        self.rope_base = rope_base
+        self.log_pruning_tolerance = log_pruning_tolerance
+
+        self.q_proj = nn.Linear(hidden_size, hidden_size, bias=attention_bias)
+        make_kv = (
+            lambda shift: ShiftLinear(hidden_size, self.kv_dim, num_kv_heads, bias=attention_bias)
+            if shift
+            else nn.Linear(hidden_size, self.kv_dim, bias=attention_bias)
+        )
+        self.k_proj = make_kv(use_k_shift)
+        self.v_proj = make_kv(use_v_shift)
+        self.o_proj = nn.Linear(hidden_size, hidden_size, bias=attention_bias)
+
+        needs_times = fgate_type in ("bias_only", "fixed") or (fgate_type == "full" and fgate_bias_init)
+        if needs_times and (decay_time_min is None or decay_time_max is None):
+            raise ValueError(f"fgate_type={fgate_type!r} with a decay-time init needs decay_time_min and decay_time_max")
+        bias = decay_time_bias(num_heads, decay_time_min, decay_time_max) if needs_times else None
+        if fgate_type == "full":
+            self.fgate_proj = nn.Linear(hidden_size, num_heads, bias=True)
+            self._fgate_bias_init = bias
+        elif fgate_type == "bias_only":
+            self.fgate_bias = nn.Parameter(bias)
+        elif fgate_type == "fixed":
+            self.register_buffer("fgate_bias", bias)
+        if use_output_gate:
+            self.ogate_proj = nn.Linear(hidden_size, hidden_size, bias=False)
+        if use_output_norm:
+            self.output_norm = GroupRMSNorm(num_heads, hidden_size, eps=norm_eps)
+        if qk_norm:
+            shared = qk_norm_share_param_across_head
+            self.q_norm = GroupRMSNorm(num_heads, hidden_size, eps=1e-5, share_across_groups=shared)
+            self.k_norm = GroupRMSNorm(num_kv_heads, self.kv_dim, eps=1e-5, share_across_groups=shared)
+
+    def reset_fgate_bias(self) -> None:
+        """Apply the decay-time bias init to a ``full`` gate (called by model init after weights are drawn)."""
+        if self.fgate_type == "full" and self._fgate_bias_init is not None:
+            with torch.no_grad():
+                self.fgate_proj.bias.copy_(self._fgate_bias_init)
+
+    def log_fgate(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) float32 log forget gates for hidden states x (B, T, hidden)."""
+        B, T, _ = x.shape
+        if self.fgate_type == "full":
+            return F.logsigmoid(self.fgate_proj(x).float())
+        if self.fgate_type == "none":
+            return torch.zeros(B, T, self.num_heads, dtype=torch.float32, device=x.device)
+        return F.logsigmoid(self.fgate_bias.float()).expand(B, T, self.num_heads)
+
+    def _project_kv(self, proj, x, shift_state, seq_start, cu_seqlens, past):
+        if isinstance(proj, ShiftLinear):
+            return proj(x, shift_state, seq_start, cu_seqlens, past)
+        return proj(x), None
+
+    def _positions(self, B, T, past, seq_start, cu_seqlens, device):
+        pos = torch.arange(past, past + T, device=device).expand(B, T)
+        if seq_start is not None:
+            pos = (pos - seq_start[:, None]).clamp_min(0)
+        if cu_seqlens is not None:
+            lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+            starts = torch.repeat_interleave(cu_seqlens[:-1].long(), lengths, output_size=T)
+            pos = pos - starts[None]
+        return pos
+
+    def _pruning_threshold(self, T_k: int):
+        if self.log_pruning_tolerance is None:
+            return None
+        if not self.qk_norm:
+            return "auto" if self.log_pruning_tolerance == -10.0 else None
+        # |s q.k| <= s * ||q|| ||k|| <= sqrt(D) * max|w_q| * max|w_k| for RMS-normalised q and k.
+        group = self.num_heads // self.num_kv_heads
+        wk = self.k_norm.max_abs_weight().repeat_interleave(group)
+        u = math.sqrt(self.head_dim) * self.q_norm.max_abs_weight() * wk
+        return (-(2 * u + math.log(max(T_k, 1))) + self.log_pruning_tolerance)[None]
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        *,
+        seq_start: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        state: AttentionState | None = None,
+    ) -> tuple[torch.Tensor, AttentionState | None]:
+        """hidden_states (B, T, hidden) -> (output (B, T, hidden), updated state or None).
+
+        seq_start: (B,) left padding (first real position, in cache positions); cu_seqlens: packed
+        sequences (B = 1). Pass an ``AttentionState`` (empty for a prefill) to decode; it is updated in place.
+        """
+        x = hidden_states
+        B, T, _ = x.shape
+        if cu_seqlens is not None and state is not None:
+            raise ValueError("cu_seqlens (packed training batches) cannot be combined with a decoding state")
+        past = 0 if state is None else state.length
+        if state is not None and state.seq_start is None and seq_start is not None:
+            state.seq_start = seq_start
+        if state is not None:
+            seq_start = state.seq_start
+        q = self.q_proj(x)
+        k, k_shift = self._project_kv(self.k_proj, x, state and state.k_shift, seq_start, cu_seqlens, past)
+        v, v_shift = self._project_kv(self.v_proj, x, state and state.v_shift, seq_start, cu_seqlens, past)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.num_heads, self.head_dim)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim)
+        if self.use_rope:
+            pos = self._positions(B, T, past, seq_start, cu_seqlens, x.device)
+            q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
+        log_fgate = self.log_fgate(x)
+        dtype = v.dtype
+        if state is None or past == 0:
+            o = forgetting_attention(
+                q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
+                adaptive_threshold=self._pruning_threshold(T),
+            )
+        if state is not None:
+            state.k, state.v, state.c = append_to_cache(state.k, state.v, state.c, k, v, log_fgate, seq_start)
+            state.k_shift, state.v_shift = k_shift, v_shift
+            if past > 0:
+                o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start)
+        o = o.reshape(B, T, self.hidden_size).to(dtype)
+        if self.use_output_norm:
+            o = self.output_norm(o)
+        if self.use_output_gate:
+            g = self.ogate_proj(x)
+            o = o * (torch.sigmoid(g) if self.ogate_act == "sigmoid" else F.silu(g))
+        return self.o_proj(o), state

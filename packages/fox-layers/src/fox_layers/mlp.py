@@ -1,0 +1,28 @@
+"""SwiGLU MLP with the fused (gate, up) projection of the FoX checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def intermediate_size_for(hidden_size: int, hidden_ratio: float) -> int:
+    """FoX rule: I = 256 * ceil(int(hidden * ratio * 2 / 3) / 256)."""
+    return 256 * math.ceil(int(hidden_size * hidden_ratio * 2 / 3) / 256)
+
+
+class SwiGLUMLP(nn.Module):
+    """down_proj(silu(gate) * up) with ``gate_proj: Linear(hidden, 2 I)`` split as (gate, up)."""
+
+    def __init__(self, hidden_size: int, hidden_ratio: float = 4.0, intermediate_size: int | None = None):
+        super().__init__()
+        self.intermediate_size = intermediate_size or intermediate_size_for(hidden_size, hidden_ratio)
+        self.gate_proj = nn.Linear(hidden_size, 2 * self.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(self.intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

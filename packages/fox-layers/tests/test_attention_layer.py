@@ -1,0 +1,182 @@
+"""The FoX attention layer gives the same function in every mode: full pass, prefill + decoding,
+uneven chunked prefill, left padding, packed varlen. Errors are measured against a float64 run."""
+
+import pytest
+import torch
+
+from fox_layers import AttentionState, ForgettingAttentionLayer
+
+HIDDEN = 48
+VARIANTS = {
+    "llama": dict(num_heads=4),
+    "pro": dict(num_heads=4, qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True),
+    "pro_gqa": dict(num_heads=4, num_kv_heads=2, qk_norm=True, use_output_gate=True, use_output_norm=True,
+                    use_k_shift=True, use_v_shift=True),
+    "pro_rope_nogate": dict(num_heads=4, qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                            use_v_shift=True, fgate_type="none", use_rope=True),
+    "bias_only": dict(num_heads=4, fgate_type="bias_only", decay_time_min=2.0, decay_time_max=64.0),
+    "fixed": dict(num_heads=4, fgate_type="fixed", decay_time_min=2.0, decay_time_max=64.0, use_k_shift=True),
+    "full_bias_init_silu": dict(num_heads=4, fgate_bias_init=True, decay_time_min=2.0, decay_time_max=64.0,
+                                use_output_gate=True, ogate_act="silu", use_rope=True),
+    "shared_qk_norm": dict(num_heads=4, qk_norm=True, qk_norm_share_param_across_head=True),
+}
+
+
+def _layer(variant, seed=0):
+    torch.manual_seed(seed)
+    layer = ForgettingAttentionLayer(HIDDEN, **VARIANTS[variant])
+    layer.reset_fgate_bias()
+    with torch.no_grad():  # non-trivial norm weights and gates
+        for name, p in layer.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    return layer
+
+
+def _x(B, T, seed=1, dtype=torch.float32):
+    return torch.randn(B, T, HIDDEN, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _close(actual, exact, tol=1e-4):
+    err = (actual.double() - exact.double()).abs().max().item()
+    assert err <= tol * max(1.0, exact.abs().max().item()), err
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_full_pass_matches_float64(variant):
+    layer = _layer(variant)
+    x = _x(2, 37)
+    out, _ = layer(x)
+    exact, _ = _layer(variant).double()(x.double())
+    _close(out, exact)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("chunks", [[23, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [5, 11, 1, 7, 10]], ids=["decode", "uneven"])
+def test_prefill_and_decoding_match_full_pass(variant, chunks):
+    layer = _layer(variant)
+    x = _x(2, sum(chunks))
+    exact, _ = _layer(variant).double()(x.double())
+    state = AttentionState()
+    outs, start = [], 0
+    for n in chunks:
+        out, state = layer(x[:, start : start + n], state=state)
+        outs.append(out)
+        start += n
+    assert state.length == sum(chunks)
+    _close(torch.cat(outs, dim=1), exact)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_left_padding_matches_each_row_alone(variant):
+    layer = _layer(variant)
+    T = 30
+    seq_start = torch.tensor([0, 9, 26])
+    x = _x(3, T).requires_grad_()
+    out, _ = layer(x, seq_start=seq_start)
+    out_grad = torch.randn_like(out)
+    mask = (torch.arange(T)[None, :] >= seq_start[:, None]).float()[..., None]
+    (dx,) = torch.autograd.grad(out, x, out_grad * mask)
+    for b, s in enumerate(seq_start.tolist()):
+        xb = x.detach()[b : b + 1, s:].clone().requires_grad_()
+        alone, _ = layer(xb)
+        _close(out[b : b + 1, s:], alone)
+        (dxb,) = torch.autograd.grad(alone, xb, out_grad[b : b + 1, s:])
+        _close(dx[b : b + 1, s:], dxb)
+        if s > 0:
+            assert dx[b, :s].abs().max() == 0  # padding does not leak into real tokens
+    # Decoding after a left-padded prefill continues each row as if alone.
+    state = AttentionState()
+    layer(x.detach()[:, : T - 3], seq_start=seq_start, state=state)
+    steps = [layer(x.detach()[:, t : t + 1], state=state)[0] for t in range(T - 3, T)]
+    _close(torch.cat(steps, dim=1), out.detach()[:, T - 3 :])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_packed_varlen_matches_each_sequence_alone(variant):
+    layer = _layer(variant)
+    lengths = [5, 1, 17, 9]
+    cu = torch.tensor([0, 5, 6, 23, 32], dtype=torch.int32)
+    x = _x(1, sum(lengths)).requires_grad_()
+    out, _ = layer(x, cu_seqlens=cu)
+    out_grad = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, x, out_grad)
+    params = dict(layer.named_parameters())
+    grads_packed = torch.autograd.grad(layer(x.detach(), cu_seqlens=cu)[0], list(params.values()), out_grad,
+                                       allow_unused=True)
+    grads_alone = [torch.zeros_like(p) for p in params.values()]
+    b = cu.tolist()
+    for s, e in zip(b[:-1], b[1:]):
+        xs = x.detach()[:, s:e].clone().requires_grad_()
+        alone, _ = layer(xs)
+        _close(out[:, s:e], alone)
+        (dxs,) = torch.autograd.grad(alone, xs, out_grad[:, s:e], retain_graph=True)
+        _close(dx[:, s:e], dxs)
+        for acc, g in zip(grads_alone, torch.autograd.grad(alone, list(params.values()), out_grad[:, s:e], allow_unused=True)):
+            if g is not None:
+                acc += g
+    for (name, _), gp, ga in zip(params.items(), grads_packed, grads_alone):
+        if gp is not None:
+            _close(gp, ga, tol=1e-4)
+
+
+def test_gradients_match_float64():
+    layer = _layer("pro_gqa")
+    x = _x(2, 21).requires_grad_()
+    out, _ = layer(x)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [x, *layer.parameters()], g)
+    layer64 = _layer("pro_gqa").double()
+    x64 = x.detach().double().requires_grad_()
+    out64, _ = layer64(x64)
+    grads64 = torch.autograd.grad(out64, [x64, *layer64.parameters()], g.double())
+    for a, e in zip(grads, grads64):
+        _close(a, e, tol=2e-4)
+
+
+def test_shared_qk_norm_accepts_head_dim_weights():
+    layer = _layer("shared_qk_norm")
+    sd = layer.state_dict()
+    assert sd["q_norm.weight"].shape == (HIDDEN // 4,) and sd["k_norm.weight"].shape == (HIDDEN // 4,)
+    sd["q_norm.weight"] = torch.linspace(0.5, 1.5, HIDDEN // 4)
+    layer.load_state_dict(sd)
+    per_head = ForgettingAttentionLayer(HIDDEN, num_heads=4, qk_norm=True)
+    with pytest.raises(RuntimeError, match="q_norm.weight"):
+        per_head.load_state_dict(sd)
+    # The shared weight acts on every head like a per-head weight repeated across heads.
+    sd_full = dict(sd)
+    sd_full["q_norm.weight"] = sd["q_norm.weight"].repeat(4)
+    sd_full["k_norm.weight"] = sd["k_norm.weight"].repeat(4)
+    per_head.load_state_dict(sd_full)
+    x = _x(1, 12)
+    _close(per_head(x)[0], layer(x)[0], tol=1e-6)
+
+
+def test_pruning_from_qk_norm_weights_stays_close():
+    torch.manual_seed(0)
+    kw = dict(VARIANTS["pro"], fgate_bias_init=True, decay_time_min=1.0, decay_time_max=4.0)
+    exact = ForgettingAttentionLayer(HIDDEN, **kw)
+    exact.reset_fgate_bias()
+    pruned = ForgettingAttentionLayer(HIDDEN, **kw, log_pruning_tolerance=-10.0)
+    pruned.load_state_dict(exact.state_dict())
+    thr = pruned._pruning_threshold(200)
+    assert thr.shape == (1, 4) and (thr < 0).all()
+    x = _x(1, 200)
+    _close(pruned(x)[0], exact(x)[0], tol=1e-3)
+
+
+def test_fixed_gate_decay_times():
+    layer = _layer("fixed")
+    lf = layer.log_fgate(_x(1, 3))
+    expected = -1.0 / torch.exp(torch.linspace(torch.log(torch.tensor(2.0)), torch.log(torch.tensor(64.0)), 4))
+    torch.testing.assert_close(lf[0, 0], expected, rtol=1e-5, atol=1e-6)
+    assert "fgate_bias" in dict(layer.named_buffers()) and "fgate_bias" not in dict(layer.named_parameters())
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="fgate_type must be one of"):
+        ForgettingAttentionLayer(32, 4, fgate_type="sometimes")
+    with pytest.raises(ValueError, match="num_heads 4 must be a multiple of num_kv_heads 3"):
+        ForgettingAttentionLayer(32, 4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="needs decay_time_min and decay_time_max"):
+        ForgettingAttentionLayer(32, 4, fgate_type="fixed")
