@@ -18,8 +18,11 @@ FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 
 
 def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
-    """Gate biases with decay times T_h = exp(linspace(ln T_min, ln T_max, H)): logsigmoid(b_h) = -1/T_h."""
-    times = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64))
+    """Gate biases with decay times T_h = exp(linspace(ln T_min, ln T_max, H)): logsigmoid(b_h) = -1/T_h.
+
+    Always made on the CPU (also inside a meta-device context) so it can initialise materialised weights.
+    """
+    times = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64, device="cpu"))
     return (-torch.log(torch.expm1(1.0 / times))).float()
 
 
@@ -119,14 +122,13 @@ class ForgettingAttentionLayer(nn.Module):
         needs_times = fgate_type in ("bias_only", "fixed") or (fgate_type == "full" and fgate_bias_init)
         if needs_times and (decay_time_min is None or decay_time_max is None):
             raise ValueError(f"fgate_type={fgate_type!r} with a decay-time init needs decay_time_min and decay_time_max")
-        bias = decay_time_bias(num_heads, decay_time_min, decay_time_max) if needs_times else None
+        self.decay_times = (decay_time_min, decay_time_max) if needs_times else None
         if fgate_type == "full":
             self.fgate_proj = nn.Linear(hidden_size, num_heads, bias=True)
-            self._fgate_bias_init = bias
         elif fgate_type == "bias_only":
-            self.fgate_bias = nn.Parameter(bias)
+            self.fgate_bias = nn.Parameter(torch.zeros(num_heads))
         elif fgate_type == "fixed":
-            self.register_buffer("fgate_bias", bias)
+            self.register_buffer("fgate_bias", torch.zeros(num_heads))
         if use_output_gate:
             self.ogate_proj = nn.Linear(hidden_size, hidden_size, bias=False)
         if use_output_norm:
@@ -135,12 +137,20 @@ class ForgettingAttentionLayer(nn.Module):
             shared = qk_norm_share_param_across_head
             self.q_norm = GroupRMSNorm(num_heads, hidden_size, eps=1e-5, share_across_groups=shared)
             self.k_norm = GroupRMSNorm(num_kv_heads, self.kv_dim, eps=1e-5, share_across_groups=shared)
+        self.reset_fgate_bias()
 
-    def reset_fgate_bias(self) -> None:
-        """Apply the decay-time bias init to a ``full`` gate (called by model init after weights are drawn)."""
-        if self.fgate_type == "full" and self._fgate_bias_init is not None:
-            with torch.no_grad():
-                self.fgate_proj.bias.copy_(self._fgate_bias_init)
+    def reset_fgate_bias(self, copy_=torch.Tensor.copy_) -> None:
+        """Set the gate bias to the decay-time init (``full`` with ``fgate_bias_init``, ``bias_only``, ``fixed``).
+
+        Models re-apply this after drawing their weights (``copy_`` lets them skip loaded tensors).
+        """
+        if self.decay_times is None:
+            return
+        target = self.fgate_proj.bias if self.fgate_type == "full" else self.fgate_bias
+        if target.is_meta:
+            return
+        with torch.no_grad():
+            copy_(target, decay_time_bias(self.num_heads, *self.decay_times).to(target.device, target.dtype))
 
     def log_fgate(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, H) float32 log forget gates for hidden states x (B, T, hidden)."""

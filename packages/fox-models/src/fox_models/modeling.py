@@ -1,0 +1,289 @@
+"""Hugging Face models of FoX and the Transformer baseline (published checkpoint layout, FOX.md section 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, SwiGLUMLP
+from fox_models.cache import FoxCache
+from fox_models.compat import GenerationMixin
+from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
+from fox_models.loss import per_token_cross_entropy
+
+
+class TransformerAttention(ForgettingAttentionLayer):
+    """Plain RoPE attention. Without padding, packing or a cache it runs SDPA (cuDNN/flash on GPU);
+    otherwise the FoX kernel with gates of 1, which is the same function."""
+
+    def forward(self, hidden_states, *, seq_start=None, cu_seqlens=None, state=None):
+        if seq_start is not None or cu_seqlens is not None or state is not None:
+            return super().forward(hidden_states, seq_start=seq_start, cu_seqlens=cu_seqlens, state=state)
+        x = hidden_states
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        pos = torch.arange(T, device=x.device).expand(B, T)
+        from fox_layers import apply_rope
+
+        q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        ).transpose(1, 2)
+        return self.o_proj(o.reshape(B, T, self.hidden_size)), None
+
+
+class FoxBlock(nn.Module):
+    """Pre-norm block: x + attn(attn_norm(x)), then + mlp(mlp_norm(x))."""
+
+    def __init__(self, config, attention_cls):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.attn = attention_cls(config.hidden_size, **config.attention_kwargs())
+        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
+
+    def forward(self, x, seq_start=None, cu_seqlens=None, state=None):
+        a, _ = self.attn(self.attn_norm(x), seq_start=seq_start, cu_seqlens=cu_seqlens, state=state)
+        x = x + a
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, T) 0/1 mask -> (B,) index of the first real token. Only left padding is supported."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        if attention_mask is not None:
+            raise ValueError(f"attention_mask must be 2-D (B, T) with left padding, got shape {tuple(attention_mask.shape)}")
+        return None
+    mask = attention_mask.bool()
+    lengths = mask.sum(-1)
+    seq_start = mask.shape[1] - lengths
+    expected = torch.arange(mask.shape[1], device=mask.device)[None, :] >= seq_start[:, None]
+    if not torch.equal(mask, expected):
+        raise ValueError(
+            "attention_mask must be left padding only (zeros then ones in every row); right padding or holes "
+            "are not supported: pad on the left (tokenizer.padding_side = 'left')"
+        )
+    return None if int(seq_start.max()) == 0 else seq_start
+
+
+class _FoxPreTrainedBase(PreTrainedModel):
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["FoxBlock"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (RMSNorm, GroupRMSNorm)) and module.weight is not None:
+            init.ones_(module.weight)
+        if isinstance(module, ForgettingAttentionLayer):
+            module.reset_fgate_bias(copy_=init.copy_)
+
+
+class _FoxBackbone(_FoxPreTrainedBase):
+    attention_cls = ForgettingAttentionLayer
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([FoxBlock(config, self.attention_cls) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        past_key_values: FoxCache | None = None,
+        inputs_embeds=None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        cu_seqlens=None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        cache = past_key_values
+        if use_cache and cache is None:
+            cache = FoxCache(len(self.layers))
+        past = 0 if cache is None else cache.get_seq_length()
+        seq_start = None
+        if attention_mask is not None:
+            if past > 0:
+                width = attention_mask.shape[1]
+                if width != past + x.shape[1]:
+                    raise ValueError(f"attention_mask covers {width} tokens, expected cache {past} + new {x.shape[1]}")
+            seq_start = seq_start_from_mask(attention_mask)
+        hidden_states = [] if output_hidden_states else None
+        for i, block in enumerate(self.layers):
+            if hidden_states is not None:
+                hidden_states.append(x)
+            state = None if cache is None else cache.layers[i]
+            if self.gradient_checkpointing and self.training:
+                x = self._gradient_checkpointing_func(block.__call__, x, seq_start, cu_seqlens, state)
+            else:
+                x = block(x, seq_start, cu_seqlens, state)
+        x = self.norm(x)
+        if hidden_states is not None:
+            hidden_states.append(x)
+        return BaseModelOutputWithPast(
+            last_hidden_state=x, past_key_values=cache if use_cache else None,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+        )
+
+
+class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
+    backbone_cls = _FoxBackbone
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.backbone_cls(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embeddings
+
+    def set_input_embeddings(self, value):
+        self.model.embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the cache is a FoxCache, made in prepare_inputs_for_generation
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
+                                      inputs_embeds=None, use_cache=True, **kwargs):
+        if past_key_values is None:
+            past_key_values = FoxCache(self.config.num_hidden_layers)
+        past = past_key_values.get_seq_length()
+        inputs = {"past_key_values": past_key_values, "use_cache": use_cache, "attention_mask": attention_mask}
+        if inputs_embeds is not None and past == 0:
+            inputs["inputs_embeds"] = inputs_embeds
+        else:
+            inputs["input_ids"] = input_ids[:, past:]
+        return inputs
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        past_key_values: FoxCache | None = None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        cu_seqlens=None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ):
+        """With ``labels`` (B, T) (already shifted by the caller: ``input_ids = roll(labels, 1)``, BOS first)
+        returns the per-token loss (B, T) and ``logits=None``; without, the logits."""
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
+            cu_seqlens=cu_seqlens,
+        )
+        h = out.last_hidden_state
+        loss = logits = None
+        if labels is not None:
+            if labels.shape != h.shape[:2]:
+                raise ValueError(f"labels must have shape {tuple(h.shape[:2])} (B, T), got {tuple(labels.shape)}")
+            loss = per_token_cross_entropy(h, self.lm_head.weight, labels)
+        else:
+            logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                      hidden_states=out.hidden_states)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        config = kwargs.get("config")
+        if config is None:
+            config = cls.config_class.from_pretrained(pretrained_model_name_or_path, **_hub_kwargs(kwargs))
+        if getattr(config, "qk_norm", False) and config.qk_norm_share_param_across_head is None:
+            config.qk_norm_share_param_across_head = _qk_norm_is_shared(pretrained_model_name_or_path, config, kwargs)
+        kwargs["config"] = config
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+
+def _hub_kwargs(kwargs):
+    keys = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder")
+    return {k: kwargs[k] for k in keys if k in kwargs}
+
+
+def _qk_norm_is_shared(path, config, kwargs) -> bool:
+    """Released configs lack the flag: a (head_dim,) ``q_norm.weight`` means one weight shared by heads."""
+    from safetensors import safe_open
+    from transformers.utils import cached_file
+
+    name = "model.layers.0.attn.q_norm.weight"
+    hub = _hub_kwargs(kwargs)
+    index = cached_file(path, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False, **hub)
+    filename = "model.safetensors"
+    if index is not None:
+        with open(index) as f:
+            filename = json.load(f)["weight_map"].get(name, filename)
+    file = cached_file(path, filename, _raise_exceptions_for_missing_entries=False, **hub)
+    if file is None or not os.path.exists(file):
+        return False
+    with safe_open(file, framework="pt") as f:
+        if name not in f.keys():
+            return False
+        shape = f.get_slice(name).get_shape()
+    return list(shape) == [config.hidden_size // config.num_heads]
+
+
+class ForgettingTransformerPreTrainedModel(_FoxPreTrainedBase):
+    config_class = ForgettingTransformerConfig
+
+
+class ForgettingTransformerModel(_FoxBackbone):
+    config_class = ForgettingTransformerConfig
+
+
+class ForgettingTransformerForCausalLM(_FoxForCausalLMBase):
+    config_class = ForgettingTransformerConfig
+    backbone_cls = ForgettingTransformerModel
+
+
+class TransformerModel(_FoxBackbone):
+    config_class = TransformerConfig
+    attention_cls = TransformerAttention
+
+
+class TransformerForCausalLM(_FoxForCausalLMBase):
+    config_class = TransformerConfig
+    backbone_cls = TransformerModel
