@@ -1,0 +1,46 @@
+"""Named configs for every model and size of the paper (FOX.md section 5).
+
+``get_preset("fox-pro-760m")`` returns a config; ``PRESETS`` lists the names (FoX Pro/LLaMA and
+Transformer Pro/LLaMA at 125M, 360M and 760M).
+"""
+
+from __future__ import annotations
+
+from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
+
+GPT2_VOCAB = 50257
+GPT2_EOT = 50256
+
+# size -> (hidden, layers, FoX heads); Transformers use head dim 128.
+SIZES = {"125m": (768, 12, 12), "360m": (1024, 24, 16), "760m": (1536, 24, 24)}
+
+PRO = dict(qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True, hidden_ratio=3.5)
+
+FAMILIES = {
+    "fox-pro": (ForgettingTransformerConfig, dict(PRO)),
+    "fox-llama": (ForgettingTransformerConfig, dict(hidden_ratio=4)),
+    "transformer-pro": (ForgettingTransformerConfig, dict(PRO, fgate_type="none", use_rope=True)),
+    "transformer-llama": (TransformerConfig, dict(hidden_ratio=4)),
+}
+
+def _build(family: str, size: str, **overrides):
+    cls, extra = FAMILIES[family]
+    hidden, layers, heads = SIZES[size]
+    if family.startswith("transformer"):
+        heads = hidden // 128
+    kw = dict(vocab_size=GPT2_VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_heads=heads,
+              bos_token_id=GPT2_EOT, eos_token_id=GPT2_EOT, max_position_embeddings=16384, **extra)
+    kw.update(overrides)
+    return cls(**kw)
+
+
+PRESETS = [f"{family}-{size}" for family in FAMILIES for size in SIZES]
+
+
+def get_preset(name: str, **overrides):
+    """A config for a named preset, e.g. ``fox-pro-760m``; keyword overrides replace fields."""
+    for family in FAMILIES:
+        for size in SIZES:
+            if name == f"{family}-{size}":
+                return _build(family, size, **overrides)
+    raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
