@@ -260,7 +260,7 @@ def _qk_norm_is_shared(path, config, kwargs) -> bool:
     if file is None or not os.path.exists(file):
         return False
     with safe_open(file, framework="pt") as f:
-        if name not in f.keys():
+        if name not in f.keys():  # noqa: SIM118 (safe_open is not a dict)
             return False
         shape = f.get_slice(name).get_shape()
     return list(shape) == [config.hidden_size // config.num_heads]
