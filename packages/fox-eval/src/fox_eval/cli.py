@@ -1,0 +1,81 @@
+"""``fox-eval``: evaluations of FoX models.
+
+    fox-eval per-token-loss --model DIR [DIR ...] --data tokens:PATH|text:PATH|zarr:PATH --seq-len N
+    fox-eval generate --model DIR "prompt"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _device(name: str) -> torch.device:
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
+
+
+def _per_token_loss(args) -> None:
+    import fox_models
+    from fox_eval.data import load_sequences
+    from fox_eval.per_token_loss import check_model_dir, run
+
+    for path in args.model:
+        check_model_dir(path)
+    seqs = load_sequences(args.data, args.seq_len, args.limit, fox_models.JSONGPT2Tokenizer())
+    curves = run(args.model, seqs, Path(args.out), args.batch_size, _device(args.device), args.train_len)
+    for name, c in curves.items():
+        print(f"{name}: mean loss {c.mean():.4f} over {len(seqs)} sequences of {seqs.shape[1]} tokens")
+    print(f"wrote {args.out}/per_token_loss.{{json,npz,png,pdf}}")
+
+
+def _generate(args) -> None:
+    from transformers import AutoTokenizer
+
+    from fox_eval.per_token_loss import load_model
+
+    device = _device(args.device)
+    model = load_model(args.model, device)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    ids = tok(args.prompt, return_tensors="pt")["input_ids"].to(device)
+    kw = dict(do_sample=False) if args.temperature == 0 else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p)
+    out = model.generate(ids, max_new_tokens=args.max_new_tokens, pad_token_id=tok.eos_token_id, **kw)
+    print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("per-token-loss", help="L(i) over held-out sequences, with figures")
+    p.add_argument("--model", nargs="+", required=True, help="Hugging Face model directories")
+    p.add_argument("--data", required=True, help="tokens:PATH (.npy/.bin), text:PATH (file or folder) or zarr:PATH")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--limit", type=int, default=None, help="at most this many sequences")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--train-len", type=int, default=None, help="training context length, marked on the plot")
+    p.add_argument("--out", default="eval/per_token_loss")
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_per_token_loss)
+    g = sub.add_parser("generate", help="continue a prompt")
+    g.add_argument("--model", required=True)
+    g.add_argument("prompt")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--device", default="auto")
+    g.set_defaults(func=_generate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args.func(args)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        raise SystemExit(f"fox-eval: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""Held-out sequences for evaluation: token files, text files or folders, LongCrawl64 zarr."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+EOT = 50256
+
+
+def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -> np.ndarray:
+    """(N, seq_len) int64 sequences from ``tokens:PATH`` (.npy/.bin), ``text:PATH`` (.txt file or
+    folder, JSON-GPT-2 tokenized, documents joined by EOT) or ``zarr:PATH`` (documents x length)."""
+    kind, _, path = spec.partition(":")
+    if not path:
+        raise ValueError(f"--data must look like tokens:PATH, text:PATH or zarr:PATH, got {spec!r}")
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"--data path {path!r} does not exist")
+    if kind == "zarr":
+        try:
+            import zarr
+        except ImportError as e:
+            raise ImportError("zarr data needs the zarr package: pip install zarr") from e
+        arr = zarr.open(str(p), mode="r")
+        if arr.shape[1] < seq_len:
+            raise ValueError(f"--seq-len {seq_len} is longer than the documents ({arr.shape[1]} tokens)")
+        n = arr.shape[0] if limit is None else min(limit, arr.shape[0])
+        return np.asarray(arr[:n, :seq_len], dtype=np.int64)
+    if kind == "tokens":
+        if p.is_dir():
+            raise ValueError(f"--data tokens:{path} must be a .npy or .bin file, not a directory")
+        stream = np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, dtype=np.uint16, mode="r")
+    elif kind == "text":
+        files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
+        docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+        ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
+        stream = np.fromiter((t for d in ids for t in (*d, EOT)), dtype=np.int64)
+    else:
+        raise ValueError(f"--data kind must be tokens, text or zarr, got {kind!r}")
+    n = len(stream) // seq_len
+    if n == 0:
+        raise ValueError(f"--data holds {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}")
+    n = n if limit is None else min(limit, n)
+    return np.asarray(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)

@@ -1,0 +1,159 @@
+"""Structured configs of fox-train (Hydra): every field documented, unknown keys rejected.
+
+Groups: ``model`` (every preset of fox-models, plus tiny CPU models), ``data``, ``optimizer``,
+``schedule``, ``strategy`` and ``experiment`` (the paper's settings, under ``conf/experiment``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from fox_models.presets import PRESETS
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "fox-pro-tiny"
+    """A fox-models preset (``fox-pro-760m``, ``transformer-llama-125m``...) or a tiny CPU model."""
+    hidden_size: int | None = None
+    """Fields below replace the preset's when set (None keeps the preset's value)."""
+    num_hidden_layers: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    hidden_ratio: float | None = None
+    fgate_type: str | None = None
+    """full | bias_only | fixed | none."""
+    decay_time_min: float | None = None
+    decay_time_max: float | None = None
+    fgate_bias_init: bool | None = None
+    qk_norm: bool | None = None
+    use_output_gate: bool | None = None
+    use_output_norm: bool | None = None
+    use_k_shift: bool | None = None
+    use_v_shift: bool | None = None
+    use_rope: bool | None = None
+    log_pruning_tolerance: float | None = None
+    """Turn on adaptive computation pruning with this ln(eps) (the paper: -10)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Any other config field, added with a plus: ``+model.overrides.rope_base=10000``."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "bundled"
+    """bundled (the King James Bible shipped in fox-train) | tokens (a .npy / .bin token file) | text (a .txt
+    file or a folder of them) | longcrawl64 (zarr) | hf (a dataset saved with ``datasets.save_to_disk``)."""
+    path: str | None = None
+    """Training data (not needed for ``bundled``)."""
+    heldout_path: str | None = None
+    """Held-out data of the same kind; default: the held-out part of ``path`` (every 11th document)."""
+    seq_len: int = 128
+    """Tokens per training sequence (the first input token is BOS)."""
+    order: str = "paper"
+    """longcrawl64 reading order: ``paper`` (the first chunk of every document before any second chunk)
+    or ``shuffled``; other sources: ``paper`` = stored order, ``shuffled`` = a seeded permutation."""
+    text_field: str = "text"
+    """Column holding the text in an hf dataset."""
+    token_dtype: str = "uint16"
+    """dtype of a raw ``.bin`` token file."""
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 5e-3
+    """Peak learning rate."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.1
+    """Applied to matrices and embeddings; not to biases, norm weights or bias-only gates."""
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 disables)."""
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_tokens: int = 10_240
+    """Linear warmup length, in tokens."""
+    total_tokens: int = 245_760
+    """Training length in tokens; cosine decay to ``min_lr_ratio * lr`` at the end."""
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "single"
+    """single | ddp | fsdp (through Lightning Fabric)."""
+    accelerator: str = "auto"
+    devices: Any = 1
+    num_nodes: int = 1
+    precision: str | None = None
+    """Fabric precision; default bf16-mixed on GPU, 32-true on CPU."""
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    run_name: str | None = None
+    """Directory name under ``out_dir``; default ``<preset>-<source>-<timestamp>``."""
+    out_dir: str = "outputs"
+    global_batch_tokens: int = 1024
+    """Tokens per optimizer step across all devices (reached by gradient accumulation)."""
+    micro_batch_size: int = 8
+    """Sequences per device per forward pass."""
+    seed: int = 0
+    eval_every: int = 60
+    """Steps between held-out evaluations."""
+    eval_sequences: int = 16
+    """Held-out sequences per evaluation."""
+    log_every: int = 5
+    checkpoint_every: int = 60
+    keep_last: int = 2
+    """Checkpoints kept from the newest back."""
+    keep_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this (0: none)."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint of ``run_name`` (the newest run if unset)."""
+    compile: bool = False
+    """torch.compile each block."""
+    gradient_checkpointing: bool = False
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "fox"
+    export: bool = True
+    """Write the Hugging Face model directory (hf/) at the end."""
+
+
+TINY = {
+    "fox-pro-tiny": ("fox-pro-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4)),
+    "fox-llama-tiny": ("fox-llama-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4)),
+    "transformer-llama-tiny": ("transformer-llama-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2)),
+}
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for name in (*PRESETS, *TINY):
+        cs.store(group="model", name=name, node=ModelConfig(preset=name))
+    for name in ("bundled", "tokens", "text", "longcrawl64", "hf"):
+        cs.store(group="data", name=name, node=DataConfig(source=name))
+    cs.store(group="optimizer", name="adamw", node=OptimizerConfig())
+    cs.store(group="schedule", name="warmup_cosine", node=ScheduleConfig())
+    for name in ("single", "ddp", "fsdp"):
+        cs.store(group="strategy", name=name, node=StrategyConfig(name=name))
+
+
+def model_config(cfg: ModelConfig):
+    """The fox-models config for a preset name (tiny presets included) with the overrides applied."""
+    from fox_models.presets import get_preset
+
+    base, extra = TINY.get(cfg.preset, (cfg.preset, {}))
+    fields = {k: v for k, v in vars(cfg).items() if k not in ("preset", "overrides") and v is not None}
+    return get_preset(base, **{**extra, **fields, **dict(cfg.overrides)})

@@ -1,0 +1,168 @@
+"""Training data: token sources, fixed-length sequences starting with BOS, and a resumable sampler.
+
+Every source becomes a ``SequenceSource``: ``len()`` sequences of ``seq_len`` tokens, ``get(i)`` returns
+one as int64. The model input is ``[BOS] + tokens[:-1]`` and the labels are the tokens (FOX.md section 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EOT = 50256
+
+
+def bundled_documents() -> list[str]:
+    """The King James Bible shipped with fox-train: 66 documents (books), public domain."""
+    path = resources.files("fox_train") / "corpus" / "kjv.jsonl.xz"
+    with lzma.open(path.open("rb"), "rt", encoding="utf-8") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def split_documents(docs: list[str], every: int = 11) -> tuple[list[str], list[str]]:
+    """(train, held-out): every ``every``-th document is held out."""
+    return [d for i, d in enumerate(docs) if i % every != every - 1], [d for i, d in enumerate(docs) if i % every == every - 1]
+
+
+def text_documents(path: str) -> list[str]:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"data.path {path!r} does not exist")
+    files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
+    if not files:
+        raise FileNotFoundError(f"data.path {path!r} holds no .txt files")
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
+def hf_documents(path: str, text_field: str) -> list[str]:
+    try:
+        import datasets
+    except ImportError as e:
+        raise ImportError("data.source=hf needs the datasets package: pip install 'fox-train[hf]'") from e
+    if not Path(path).exists():
+        raise FileNotFoundError(f"data.path {path!r} does not exist (a dataset saved with save_to_disk)")
+    ds = datasets.load_from_disk(path)
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train"]
+    if text_field not in ds.column_names:
+        raise ValueError(f"data.text_field {text_field!r} is not a column of {path}: {ds.column_names}")
+    return list(ds[text_field])
+
+
+def tokenize_documents(docs: list[str], tokenizer, cache_dir: str | None = None) -> np.ndarray:
+    """One token stream: each document's tokens followed by EOT. Cached on disk by content hash."""
+    digest = hashlib.sha1("\x00".join(docs).encode()).hexdigest()[:16]
+    cache = Path(cache_dir) / f"tokens-{digest}.npy" if cache_dir else None
+    if cache is not None and cache.exists():
+        return np.load(cache, mmap_mode="r")
+    ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
+    stream = np.fromiter((t for doc in ids for t in (*doc, EOT)), dtype=np.uint16 if len(tokenizer) <= 65535 else np.uint32)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp.npy")
+        np.save(tmp, stream)
+        tmp.replace(cache)
+    return stream
+
+
+def load_token_file(path: str, dtype: str = "uint16") -> np.ndarray:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"data.path {path!r} does not exist")
+    if p.suffix == ".npy":
+        return np.load(p, mmap_mode="r")
+    return np.memmap(p, dtype=np.dtype(dtype), mode="r")
+
+
+class StreamSequences:
+    """Consecutive windows of ``seq_len`` tokens of one stream (documents separated by EOT)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, vocab_size: int | None = None):
+        if tokens.ndim != 1:
+            raise ValueError(f"token stream must be 1-D, got shape {tokens.shape}")
+        if len(tokens) < seq_len:
+            raise ValueError(f"the data holds {len(tokens)} tokens, fewer than one sequence of seq_len={seq_len}")
+        if vocab_size is not None and len(tokens) and int(tokens[: 1 << 20].max()) >= vocab_size:
+            raise ValueError(
+                f"token id {int(tokens[: 1 << 20].max())} >= the model's vocab_size {vocab_size}: "
+                "the data was tokenized with another vocabulary"
+            )
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self) -> int:
+        return len(self.tokens) // self.seq_len
+
+    def get(self, i: int) -> np.ndarray:
+        return np.asarray(self.tokens[i * self.seq_len : (i + 1) * self.seq_len], dtype=np.int64)
+
+
+class LongCrawl64Sequences:
+    """LongCrawl64 zarr (documents x 65536 tokens) cut into ``seq_len`` chunks.
+
+    ``paper`` order: sequence i is chunk ``i // D`` of document ``i % D`` (every document's first chunk
+    comes before any second chunk, as in the reference trainer).
+    """
+
+    def __init__(self, path: str, seq_len: int):
+        try:
+            import zarr
+        except ImportError as e:
+            raise ImportError("data.source=longcrawl64 needs zarr: pip install 'fox-train[longcrawl64]'") from e
+        if not Path(path).exists():
+            raise FileNotFoundError(f"data.path {path!r} does not exist (the LongCrawl64 train or heldout zarr)")
+        self.array = zarr.open(path, mode="r")
+        self.docs, self.doc_len = self.array.shape
+        if self.doc_len % seq_len:
+            raise ValueError(f"data.seq_len {seq_len} must divide the document length {self.doc_len}")
+        self.seq_len, self.chunks = seq_len, self.doc_len // seq_len
+
+    def __len__(self) -> int:
+        return self.docs * self.chunks
+
+    def get(self, i: int) -> np.ndarray:
+        chunk, doc = divmod(i, self.docs)
+        return np.asarray(self.array[doc, chunk * self.seq_len : (chunk + 1) * self.seq_len], dtype=np.int64)
+
+
+class Sampler:
+    """Which sequences make up micro-batch ``accum`` of step ``step`` on ``rank``: a pure function, so a
+    run resumes at any step on any number of ranks with the same global batches."""
+
+    def __init__(self, num_sequences: int, global_batch: int, micro_batch: int, world_size: int, shuffle: bool, seed: int):
+        if global_batch % (micro_batch * world_size):
+            raise ValueError(
+                f"the global batch of {global_batch} sequences must be a multiple of micro_batch_size x devices "
+                f"= {micro_batch} x {world_size}"
+            )
+        self.n, self.global_batch, self.micro, self.world = num_sequences, global_batch, micro_batch, world_size
+        self.accum_steps = global_batch // (micro_batch * world_size)
+        self.shuffle, self.seed = shuffle, seed
+        self._epoch_perm: dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._epoch_perm:
+            self._epoch_perm = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle
+                                else np.arange(self.n)}
+        return self._epoch_perm[epoch]
+
+    def indices(self, step: int, accum: int, rank: int) -> list[int]:
+        start = step * self.global_batch + accum * self.micro * self.world + rank * self.micro
+        out = []
+        for pos in range(start, start + self.micro):
+            epoch, offset = divmod(pos, self.n)
+            out.append(int(self._order(epoch)[offset]))
+        return out
+
+
+def make_batch(source, indices: list[int], bos: int = EOT) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, labels), both (B, T): labels are the sequences, inputs start with BOS."""
+    labels = torch.from_numpy(np.stack([source.get(i) for i in indices]))
+    inputs = torch.roll(labels, 1, dims=1)
+    inputs[:, 0] = bos
+    return inputs, labels

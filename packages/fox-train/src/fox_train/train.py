@@ -1,0 +1,273 @@
+"""The training loop: Lightning Fabric for devices and strategies, our own loop for everything else."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
+
+import fox_models
+from fox_layers import GroupRMSNorm, RMSNorm
+from fox_train import checkpoint as ckpt
+from fox_train.config import TrainConfig, model_config
+from fox_train.data import (
+    LongCrawl64Sequences,
+    Sampler,
+    StreamSequences,
+    bundled_documents,
+    hf_documents,
+    load_token_file,
+    make_batch,
+    split_documents,
+    text_documents,
+    tokenize_documents,
+)
+from fox_train.metrics import (
+    MetricsWriter,
+    flops_per_token,
+    peak_flops,
+    plot_per_token_loss,
+    position_windows,
+)
+
+
+def lr_at(tokens: int, cfg: TrainConfig) -> float:
+    """Linear warmup then cosine to min_lr_ratio * lr, keyed on tokens seen."""
+    s, peak = cfg.schedule, cfg.optimizer.lr
+    if tokens < s.warmup_tokens:
+        return peak * (tokens + 1) / s.warmup_tokens
+    progress = min(1.0, (tokens - s.warmup_tokens) / max(1, s.total_tokens - s.warmup_tokens))
+    return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices and embeddings; none on biases, norm weights and bias-only gates."""
+    no_decay = set()
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, GroupRMSNorm)):
+            no_decay.update(id(p) for p in module.parameters(recurse=False))
+    for name, p in model.named_parameters():
+        if name.endswith(".bias") or name.endswith("fgate_bias"):
+            no_decay.add(id(p))
+    decay = [p for p in model.parameters() if id(p) not in no_decay]
+    rest = [p for p in model.parameters() if id(p) in no_decay]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int):
+    d = cfg.data
+    if d.source in ("bundled", "text", "hf"):
+        if d.source == "bundled":
+            train_docs, held_docs = split_documents(bundled_documents())
+        else:
+            if d.path is None:
+                raise ValueError(f"data.source={d.source} needs data.path")
+            read = text_documents if d.source == "text" else (lambda p: hf_documents(p, d.text_field))
+            docs = read(d.path)
+            train_docs, held_docs = (docs, read(d.heldout_path)) if d.heldout_path else split_documents(docs)
+            if not held_docs:
+                held_docs = train_docs[-1:]
+        stream = lambda docs: StreamSequences(tokenize_documents(docs, tokenizer, cache_dir), d.seq_len, vocab_size)
+        return stream(train_docs), stream(held_docs)
+    if d.source == "tokens":
+        if d.path is None:
+            raise ValueError("data.source=tokens needs data.path (a .npy or .bin token file)")
+        tokens = load_token_file(d.path, d.token_dtype)
+        if d.heldout_path:
+            return StreamSequences(tokens, d.seq_len, vocab_size), StreamSequences(load_token_file(d.heldout_path, d.token_dtype), d.seq_len, vocab_size)
+        cut = len(tokens) * 10 // 11
+        return StreamSequences(tokens[:cut], d.seq_len, vocab_size), StreamSequences(tokens[cut:], d.seq_len, vocab_size)
+    if d.source == "longcrawl64":
+        if d.path is None:
+            raise ValueError("data.source=longcrawl64 needs data.path (the train zarr) and data.heldout_path")
+        train = LongCrawl64Sequences(d.path, d.seq_len)
+        held = LongCrawl64Sequences(d.heldout_path, d.seq_len) if d.heldout_path else train
+        return train, held
+    raise ValueError(f"data.source must be bundled, tokens, text, longcrawl64 or hf, got {d.source!r}")
+
+
+def resolve_run_dir(cfg: TrainConfig) -> Path:
+    root = Path(cfg.out_dir)
+    if cfg.run_name:
+        return root / cfg.run_name
+    prefix = f"{cfg.model.preset}-{cfg.data.source}"
+    if cfg.resume:
+        runs = sorted(root.glob(f"{prefix}-*"), key=lambda p: p.stat().st_mtime)
+        if runs:
+            return runs[-1]
+    return root / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _fabric(cfg: TrainConfig) -> L.Fabric:
+    s = cfg.strategy
+    gpu = torch.cuda.is_available() and s.accelerator in ("auto", "gpu", "cuda")
+    precision = s.precision or ("bf16-mixed" if gpu else "32-true")
+    strategy = {"single": "auto", "ddp": "ddp", "fsdp": "fsdp"}.get(s.name)
+    if strategy is None:
+        raise ValueError(f"strategy.name must be single, ddp or fsdp, got {s.name!r}")
+    if strategy == "fsdp":
+        from lightning.fabric.strategies import FSDPStrategy
+
+        from fox_models.modeling import FoxBlock
+
+        strategy = FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full")
+    return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
+                    precision=precision)
+
+
+@torch.no_grad()
+def evaluate(fabric, model, source, n: int, batch: int) -> tuple[float, np.ndarray]:
+    """Mean held-out loss and the per-position loss L(i) over the first n sequences (all ranks agree)."""
+    model.eval()
+    n = min(n, len(source))
+    total = None
+    for s in range(0, n, batch):
+        inputs, labels = make_batch(source, list(range(s, min(n, s + batch))))
+        loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss.float()
+        part = loss.sum(0)
+        total = part if total is None else total + part
+    model.train()
+    per_pos = (total / n).cpu().numpy()
+    return float(per_pos.mean()), per_pos
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Run training; returns the run directory."""
+    fabric = _fabric(cfg)
+    fabric.launch()
+    L.seed_everything(cfg.seed, verbose=False)
+    torch.manual_seed(cfg.seed)
+    run_dir = resolve_run_dir(cfg)
+    if fabric.world_size > 1:
+        run_dir = Path(fabric.broadcast(str(run_dir)))
+    ckpt_root = run_dir / "checkpoints"
+    if fabric.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.structured(cfg), run_dir / "config.yaml")
+
+    config = model_config(cfg.model)
+    tokenizer = fox_models.JSONGPT2Tokenizer()
+    train_src, held_src = build_sources(cfg, tokenizer, str(Path(cfg.out_dir) / ".token-cache"), config.vocab_size)
+    seq_len = cfg.data.seq_len
+    if cfg.global_batch_tokens % seq_len:
+        raise ValueError(f"global_batch_tokens {cfg.global_batch_tokens} must be a multiple of data.seq_len {seq_len}")
+    sampler = Sampler(len(train_src), cfg.global_batch_tokens // seq_len, cfg.micro_batch_size, fabric.world_size,
+                      shuffle=cfg.data.order == "shuffled", seed=cfg.seed)
+    total_steps = max(1, cfg.schedule.total_tokens // cfg.global_batch_tokens)
+
+    with fabric.init_module(empty_init=False):
+        model = AutoModelForCausalLM.from_config(config)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if cfg.compile:
+        for block in model.model.layers:
+            block.compile()
+    n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
+    flops_tok = flops_per_token(config, seq_len, n_params)
+    o = cfg.optimizer
+    optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    model, optimizer = fabric.setup(model, optimizer)
+
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    start = 0
+    if cfg.resume:
+        found = ckpt.load_newest(fabric, ckpt_root, state)
+        if found is None:
+            fabric.print(f"resume=true but no complete checkpoint under {ckpt_root}: starting from step 0")
+        else:
+            start = found
+            fabric.print(f"resumed from step {start} ({ckpt_root})")
+    writer = MetricsWriter(run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), cfg.tensorboard, cfg.wandb,
+                           cfg.wandb_project) if fabric.is_global_zero else None
+    peak = peak_flops(fabric.device)
+    if start == 0:
+        loss0, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+        if writer:
+            writer.log({"step": 0, "tokens": 0, "heldout_loss": loss0})
+
+    bar = tqdm(range(start, total_steps), initial=start, total=total_steps, disable=not fabric.is_global_zero,
+               desc=run_dir.name, unit="step", dynamic_ncols=True, mininterval=1.0)
+    t_last, tok_last = time.perf_counter(), start * cfg.global_batch_tokens
+    for step in bar:
+        tokens = step * cfg.global_batch_tokens
+        lr = lr_at(tokens, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        step_loss = torch.zeros((), device=fabric.device)
+        pos_loss = None
+        for a in range(sampler.accum_steps):
+            inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
+            with fabric.no_backward_sync(model, enabled=a < sampler.accum_steps - 1):
+                loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss
+                fabric.backward(loss.mean() / sampler.accum_steps)
+            step_loss += loss.detach().float().mean() / sampler.accum_steps
+            pos_loss = loss.detach().float() if pos_loss is None else pos_loss + loss.detach().float()
+        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=o.grad_clip) if o.grad_clip > 0 else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] = step + 1
+        step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
+        done_tokens = (step + 1) * cfg.global_batch_tokens
+        bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}")
+        if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
+            now = time.perf_counter()
+            tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
+            t_last, tok_last = now, done_tokens
+            record = {"step": step + 1, "tokens": done_tokens, "loss": step_loss, "lr": lr, "tokens_per_s": tps,
+                      **position_windows(pos_loss / sampler.accum_steps)}
+            if grad_norm is not None:
+                record["grad_norm"] = float(grad_norm)
+            if peak:
+                record["mfu"] = tps * flops_tok / (peak * fabric.world_size)
+            bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+            if writer:
+                writer.log(record)
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == total_steps:
+            held, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+            if writer:
+                writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total_steps:
+            ckpt.save(fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
+    bar.close()
+
+    _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+    if fabric.is_global_zero:
+        np.save(run_dir / "heldout_per_token_loss.npy", per_pos)
+        plot_per_token_loss(per_pos, run_dir / "heldout_per_token_loss.png", f"{run_dir.name}: held-out L(i)")
+        if cfg.export:
+            export_model(model, tokenizer, run_dir / "hf")
+        writer.close()
+    fabric.barrier()
+    return run_dir
+
+
+def export_model(model, tokenizer, out: Path) -> None:
+    """Hugging Face directory (safetensors + config + tokenizer) that from_pretrained and fox-eval load."""
+    module = getattr(model, "module", model)
+    module = getattr(module, "_orig_mod", module)
+    module.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def config_from_run(run_dir: Path) -> TrainConfig:
+    schema = OmegaConf.structured(TrainConfig)
+    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(run_dir / "config.yaml")))
+
+
+def export_checkpoint(checkpoint: Path, out: Path) -> None:
+    """Write the HF directory of any checkpoint (``fox-train export``)."""
+    run_dir = checkpoint.parent.parent
+    cfg = config_from_run(run_dir)
+    model = AutoModelForCausalLM.from_config(model_config(cfg.model))
+    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    export_model(model, fox_models.JSONGPT2Tokenizer(), out)
+

@@ -1,0 +1,128 @@
+"""fox-train: configs compose, a short CPU run writes everything, kill + resume equals an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import fox_models  # noqa: F401  (registers the model types)
+from fox_train import checkpoint as ckpt
+from fox_train.cli import compose, main
+from fox_train.data import Sampler
+from fox_train.train import export_checkpoint
+
+EXPERIMENTS = sorted(p.stem for p in (Path(__import__("fox_train").__file__).parent / "conf/experiment/longcrawl64").glob("*.yaml"))
+SMALL = ["model.hidden_size=64", "model.num_hidden_layers=2", "model.num_heads=2", "data.seq_len=64", "micro_batch_size=4",
+         "global_batch_tokens=256", "schedule.warmup_tokens=512", "eval_sequences=4"]
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_presets_compose(name):
+    cfg = compose([f"experiment=longcrawl64/{name}", "data.path=/data/lc64/train.zarr"])
+    preset = cfg.model.preset
+    assert cfg.data.source == "longcrawl64" and cfg.data.seq_len == 16384 and cfg.data.order == "paper"
+    assert cfg.global_batch_tokens == 2**19 and cfg.schedule.warmup_tokens == 256 * 2**20
+    assert cfg.optimizer.betas == [0.9, 0.95] and cfg.optimizer.weight_decay == 0.1 and cfg.optimizer.grad_clip == 1.0
+    lr = {"fox-pro": 2e-3, "fox-llama": 1e-3, "transformer-pro": 1e-3, "transformer-llama": 5e-4}
+    assert cfg.optimizer.lr == lr[preset.rsplit("-", 1)[0]]
+    tokens = next(v for k, v in {"48b": 45, "16b": 15, "_7b": 7, "2_5b": 2.5}.items() if name.endswith(k))
+    assert cfg.schedule.total_tokens == int(tokens * 2**30)
+
+
+def test_unknown_key_is_an_error():
+    with pytest.raises(SystemExit, match="bad configuration.*no_such_field"):
+        main(["no_such_field=3"])
+    with pytest.raises(SystemExit, match="bad configuration"):
+        main(["optimizer.learning_rate=1e-3"])
+
+
+def test_missing_data_path_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="data.path '/no/such/corpus' does not exist"):
+        main(["data=text", "data.path=/no/such/corpus", f"out_dir={tmp_path}", *SMALL])
+
+
+def test_batch_not_divisible_by_devices():
+    with pytest.raises(ValueError, match="multiple of micro_batch_size x devices = 3 x 2"):
+        Sampler(100, global_batch=8, micro_batch=3, world_size=2, shuffle=False, seed=0)
+
+
+def test_twenty_step_cpu_run_writes_everything(tmp_path):
+    main([f"out_dir={tmp_path}", "run_name=r", "schedule.total_tokens=5120", "checkpoint_every=10", "eval_every=10",
+          "log_every=5", *SMALL])
+    run = tmp_path / "r"
+    for name in ("config.yaml", "metrics.jsonl", "metrics.csv", "heldout_per_token_loss.png", "hf/config.json",
+                 "hf/model.safetensors", "hf/tokenizer_config.json"):
+        assert (run / name).exists() and (run / name).stat().st_size > 0, name
+    recs = _records(run)
+    held = [r["heldout_loss"] for r in recs if "heldout_loss" in r]
+    assert len(held) == 3 and held[-1] < held[0]
+    train = [r for r in recs if "loss" in r]
+    assert train[-1]["step"] == 20 and "loss_pos_0_16" in train[0] and train[0]["tokens_per_s"] > 0
+    assert [p.name for p in ckpt.complete_checkpoints(run / "checkpoints")] == ["step-00000020", "step-00000010"]
+    # export of the last checkpoint == the exported model; from_pretrained gives the same logits
+    export_checkpoint(run / "checkpoints" / "step-00000020", tmp_path / "exported")
+    a = AutoModelForCausalLM.from_pretrained(run / "hf")
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    ids = torch.randint(0, 50257, (2, 30))
+    assert torch.equal(a(ids).logits, b(ids).logits)
+
+
+def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
+    args = [f"out_dir={tmp_path}", "schedule.total_tokens=10240", "checkpoint_every=4", "keep_last=3", "eval_every=1000",
+            "log_every=1", *SMALL]
+    main([*args, "run_name=straight"])
+    straight = {r["step"]: r["loss"] for r in _records(tmp_path / "straight") if "loss" in r}
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "fox_train.cli", *args, "run_name=killed"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = tmp_path / "killed" / "checkpoints" / "step-00000012" / ckpt.MARKER
+    deadline = time.time() + 240
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    main([*args, "run_name=killed", "resume=true"])
+    resumed = {}
+    for r in _records(tmp_path / "killed"):
+        if "loss" in r:
+            resumed[r["step"]] = r["loss"]  # the resumed run's record wins for a repeated step
+    assert set(resumed) == set(straight)
+    for step, loss in straight.items():
+        assert abs(resumed[step] - loss) <= 1e-6, (step, resumed[step], loss)
+
+
+def test_corrupt_checkpoint_is_skipped(tmp_path):
+    main([f"out_dir={tmp_path}", "run_name=c", "schedule.total_tokens=2048", "checkpoint_every=4", "eval_every=1000",
+          *SMALL])
+    newest = ckpt.complete_checkpoints(tmp_path / "c" / "checkpoints")[0]
+    (newest / "state.pt").write_bytes(b"truncated")
+    with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000008"):
+        main([f"out_dir={tmp_path}", "run_name=c", "schedule.total_tokens=2048", "checkpoint_every=4",
+              "eval_every=1000", "resume=true", *SMALL])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sampler_resumes_at_the_right_batch(world):
+    ref = Sampler(50, global_batch=8, micro_batch=2, world_size=1, shuffle=True, seed=3)
+    s = Sampler(50, global_batch=8, micro_batch=2, world_size=world, shuffle=True, seed=3)
+    for step in (0, 5, 6, 17):  # 17 crosses into a later epoch
+        expected = [i for a in range(ref.accum_steps) for i in ref.indices(step, a, 0)]
+        got = [i for a in range(s.accum_steps) for r in range(world) for i in s.indices(step, a, r)]
+        assert got == expected
+        fresh = Sampler(50, global_batch=8, micro_batch=2, world_size=world, shuffle=True, seed=3)
+        assert [fresh.indices(step, a, r) for a in range(s.accum_steps) for r in range(world)] == \
+               [s.indices(step, a, r) for a in range(s.accum_steps) for r in range(world)]
+    assert len(set(i for st in range(6) for a in range(8) for i in ref.indices(st, a % 4, 0))) == 48
