@@ -103,8 +103,9 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
     Returns (B or N, H) float32.
     """
     group = q.shape[2] // k.shape[2]
-    qn = q.float().norm(dim=-1)  # (B, Tq, H)
-    kn = k.float().norm(dim=-1).repeat_interleave(group, dim=-1)
+    # Norms in float32 without materialising float32 copies of q and k.
+    qn = torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32)  # (B, Tq, H)
+    kn = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).repeat_interleave(group, dim=-1)
     if rows is None:
         u = qn.amax(dim=1) * kn.amax(dim=1) * sm_scale
         return (-(2 * u + math.log(max(t_k, 1))) + log_eps).float().contiguous()
