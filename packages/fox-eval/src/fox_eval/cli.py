@@ -2,6 +2,7 @@
 
     fox-eval per-token-loss --model DIR [DIR ...] --data tokens:PATH|text:PATH|zarr:PATH --seq-len N
     fox-eval generate --model DIR "prompt"
+    fox-eval inspect --model DIR --text FILE [--layers 0 5] [--heads 0 1]
 """
 
 from __future__ import annotations
@@ -45,6 +46,34 @@ def _generate(args) -> None:
     print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 
 
+def _inspect(args) -> None:
+    import fox_models
+    from fox_eval.data import load_sequences
+    from fox_eval.inspect_cmd import run
+    from fox_eval.per_token_loss import load_model
+    from fox_models.inspect import NoForgetGateError
+
+    if (args.text is None) == (args.data is None):
+        raise ValueError("pass exactly one of --text FILE and --data SPEC")
+    model = load_model(args.model, _device(args.device))
+    tok = fox_models.JSONGPT2Tokenizer()
+    if args.text is not None:
+        if not Path(args.text).exists():
+            raise FileNotFoundError(f"--text {args.text!r} does not exist")
+        ids = tok(Path(args.text).read_text(encoding="utf-8"), return_tensors="pt")["input_ids"][:, : args.max_tokens]
+    else:
+        ids = torch.from_numpy(load_sequences(args.data, args.max_tokens, 1, tok))
+    try:
+        report = run(model, ids.to(model.device), Path(args.out), args.layers, args.heads, args.block)
+    except NoForgetGateError as e:
+        print(f"fox-eval inspect: {e}")
+        return
+    for i, layer in enumerate(report["layers"]):
+        times = " ".join(f"{h['decay_time']:.3g}" for h in layer)
+        print(f"layer {i:2d}: decay times {times} | pruning would skip {report['pruned_fraction_per_layer'][i]:.0%}")
+    print(f"wrote {args.out}/inspect.json, decay_times.png and the per-head figures")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -66,6 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=0.95)
     g.add_argument("--device", default="auto")
     g.set_defaults(func=_generate)
+    i = sub.add_parser("inspect", help="forget gates, decay times, F / attention maps, pruning fractions")
+    i.add_argument("--model", required=True)
+    i.add_argument("--text", help="a text file to run the model on")
+    i.add_argument("--data", help="or held-out data: tokens:PATH, text:PATH or zarr:PATH (first sequence)")
+    i.add_argument("--max-tokens", type=int, default=4096)
+    i.add_argument("--layers", type=int, nargs="*", default=None, help="layers to draw (default: first and last)")
+    i.add_argument("--heads", type=int, nargs="*", default=None, help="heads to draw (default: all)")
+    i.add_argument("--block", type=int, default=128, help="tile size for the pruning count")
+    i.add_argument("--out", default="eval/inspect")
+    i.add_argument("--device", default="auto")
+    i.set_defaults(func=_inspect)
     return ap
 
 

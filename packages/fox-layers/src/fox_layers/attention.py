@@ -187,6 +187,26 @@ class ForgettingAttentionLayer(nn.Module):
         u = math.sqrt(self.head_dim) * self.q_norm.max_abs_weight() * wk
         return (-(2 * u + math.log(max(T_k, 1))) + self.log_pruning_tolerance)[None]
 
+    def project(self, x, seq_start=None, cu_seqlens=None, past: int = 0, k_state=None, v_state=None):
+        """Queries, keys, values and log forget gates for hidden states x (B, T, hidden).
+
+        Returns q (B, T, H, D), k and v (B, T, Hkv, D) after shift, QK-norm and RoPE, log_fgate (B, T, H)
+        float32, and the new token-shift states. ``past``: tokens already cached (positions of x).
+        """
+        B, T, _ = x.shape
+        q = self.q_proj(x)
+        k, k_shift = self._project_kv(self.k_proj, x, k_state, seq_start, cu_seqlens, past)
+        v, v_shift = self._project_kv(self.v_proj, x, v_state, seq_start, cu_seqlens, past)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, self.num_heads, self.head_dim)
+        k = k.view(B, T, self.num_kv_heads, self.head_dim)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim)
+        if self.use_rope:
+            pos = self._positions(B, T, past, seq_start, cu_seqlens, x.device)
+            q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
+        return q, k, v, self.log_fgate(x), k_shift, v_shift
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -209,18 +229,9 @@ class ForgettingAttentionLayer(nn.Module):
             state.seq_start = seq_start
         if state is not None:
             seq_start = state.seq_start
-        q = self.q_proj(x)
-        k, k_shift = self._project_kv(self.k_proj, x, state and state.k_shift, seq_start, cu_seqlens, past)
-        v, v_shift = self._project_kv(self.v_proj, x, state and state.v_shift, seq_start, cu_seqlens, past)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, T, self.num_heads, self.head_dim)
-        k = k.view(B, T, self.num_kv_heads, self.head_dim)
-        v = v.view(B, T, self.num_kv_heads, self.head_dim)
-        if self.use_rope:
-            pos = self._positions(B, T, past, seq_start, cu_seqlens, x.device)
-            q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
-        log_fgate = self.log_fgate(x)
+        q, k, v, log_fgate, k_shift, v_shift = self.project(
+            x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift
+        )
         dtype = v.dtype
         if state is None or past == 0:
             o = forgetting_attention(

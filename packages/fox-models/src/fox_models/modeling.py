@@ -26,15 +26,8 @@ class TransformerAttention(ForgettingAttentionLayer):
     def forward(self, hidden_states, *, seq_start=None, cu_seqlens=None, state=None):
         if seq_start is not None or cu_seqlens is not None or state is not None:
             return super().forward(hidden_states, seq_start=seq_start, cu_seqlens=cu_seqlens, state=state)
-        x = hidden_states
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        pos = torch.arange(T, device=x.device).expand(B, T)
-        from fox_layers import apply_rope
-
-        q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
+        B, T, _ = hidden_states.shape
+        q, k, v, _, _, _ = self.project(hidden_states)
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             enable_gqa=self.num_kv_heads != self.num_heads,
