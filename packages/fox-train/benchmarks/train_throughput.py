@@ -1,0 +1,109 @@
+"""Training throughput of FoX and Transformer models side by side (one GPU, bf16 autocast).
+
+For each model: a few warm-up steps, then timed optimizer steps of one sequence of ``--seq-len`` tokens
+(AdamW, gradient checkpointing off unless --checkpointing), reporting tokens/s, MFU (6N + attention
+FLOPs per token over the bf16 peak) and peak memory. Prints a table and writes JSON.
+
+    python packages/fox-train/benchmarks/train_throughput.py --sizes 125m 760m --seq-len 16384 --out tp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+from transformers import AutoModelForCausalLM
+
+import fox_models  # noqa: F401
+from fox_models.presets import get_preset
+from fox_train.metrics import flops_per_token, peak_flops
+
+MODELS = [
+    ("FoX (Pro)", "fox-pro", {}),
+    ("FoX (Pro) + pruning", "fox-pro", {"log_pruning_tolerance": -10.0}),
+    ("FoX (LLaMA)", "fox-llama", {}),
+    ("Transformer (Pro)", "transformer-pro", {}),
+    ("Transformer (LLaMA, SDPA)", "transformer-llama", {}),
+]
+
+
+def measure(name, family, size, extra, seq_len, steps, warmup, checkpointing):
+    config = get_preset(f"{family}-{size}", **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).cuda()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    n_params = sum(p.numel() for k, p in model.named_parameters() if k != "model.embeddings.weight")
+    labels = torch.randint(0, config.vocab_size, (1, seq_len), device="cuda")
+    inputs = torch.roll(labels, 1, 1)
+    torch.cuda.reset_peak_memory_stats()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=inputs, labels=labels).loss.mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t) / steps
+    tps = seq_len / dt
+    peak = peak_flops(torch.device("cuda"))
+    row = dict(model=name, size=size, seq_len=seq_len, tokens_per_s=tps, step_s=dt,
+               mfu=tps * flops_per_token(config, seq_len, n_params) / peak if peak else None,
+               peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params)
+    del model, opt
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=["125m", "760m"])
+    ap.add_argument("--seq-len", type=int, default=16384)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--out", default="train_throughput.json")
+    args = ap.parse_args()
+    rows = []
+    for size in args.sizes:
+        for name, family, extra in MODELS:
+            try:
+                row = measure(name, family, size, extra, args.seq_len, args.steps, args.warmup, args.checkpointing)
+            except torch.OutOfMemoryError:
+                row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
+                torch.cuda.empty_cache()
+            rows.append(row)
+            print(row, flush=True)
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
+    print(f"{'model':28s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
+    for size in args.sizes:
+        base = next((r["tokens_per_s"] for r in rows if r["size"] == size and r["model"].startswith("Transformer (LLaMA") and "tokens_per_s" in r), None)
+        for r in rows:
+            if r["size"] != size:
+                continue
+            if "error" in r:
+                print(f"{r['model']:28s} {size:5s} {r['error']}")
+                continue
+            ratio = r["tokens_per_s"] / base if base else float("nan")
+            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
+            print(f"{r['model']:28s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
+    with open(args.out, "w") as f:
+        json.dump(dict(env=env, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
