@@ -30,12 +30,15 @@ MODELS = [
 ]
 
 
-def measure(name, family, size, extra, seq_len, steps, warmup, checkpointing):
+def measure(name, family, size, extra, seq_len, steps, warmup, checkpointing, compile_blocks):
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
     if checkpointing:
         model.gradient_checkpointing_enable()
+    if compile_blocks:
+        for block in model.model.layers:
+            block.compile()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     n_params = sum(p.numel() for k, p in model.named_parameters() if k != "model.embeddings.weight")
@@ -75,19 +78,25 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile each block")
+    ap.add_argument("--models", nargs="*", default=None, help="names to run (substring match); default all")
     ap.add_argument("--out", default="train_throughput.json")
     args = ap.parse_args()
     rows = []
     for size in args.sizes:
         for name, family, extra in MODELS:
+            if args.models and not any(m in name for m in args.models):
+                continue
             try:
-                row = measure(name, family, size, extra, args.seq_len, args.steps, args.warmup, args.checkpointing)
+                row = measure(name, family, size, extra, args.seq_len, args.steps, args.warmup, args.checkpointing,
+                              args.compile)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
                 torch.cuda.empty_cache()
             rows.append(row)
             print(row, flush=True)
-    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               compile=args.compile, checkpointing=args.checkpointing)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print(f"{'model':28s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
     for size in args.sizes:
