@@ -18,6 +18,7 @@ def save(fabric, root: Path, step: int, state: dict, keep_last: int, keep_every:
     tmp = root / f".tmp-{final.name}"
     if fabric.is_global_zero:
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
     fabric.barrier()
     fabric.save(tmp / "state.pt", state)
     fabric.barrier()
