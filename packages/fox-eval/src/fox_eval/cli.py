@@ -3,6 +3,7 @@
     fox-eval per-token-loss --model DIR [DIR ...] --data tokens:PATH|text:PATH|zarr:PATH --seq-len N
     fox-eval generate --model DIR "prompt"
     fox-eval inspect --model DIR --text FILE [--layers 0 5] [--heads 0 1]
+    fox-eval niah --model DIR --mode standard|easy
 """
 
 from __future__ import annotations
@@ -74,6 +75,24 @@ def _inspect(args) -> None:
     print(f"wrote {args.out}/inspect.json, decay_times.png and the per-head figures")
 
 
+def _niah(args) -> None:
+    import os
+
+    from transformers import AutoTokenizer
+
+    from fox_eval import niah
+    from fox_eval.per_token_loss import load_model
+
+    model = load_model(args.model, _device(args.device))
+    tok = AutoTokenizer.from_pretrained(args.model)
+    judge = None
+    if args.judge_url:
+        judge = {"url": args.judge_url, "model": args.judge_model, "api_key": os.environ.get("FOX_EVAL_JUDGE_API_KEY")}
+    report = niah.run(model, tok, Path(args.out), args.mode, args.lengths, args.depths, args.max_new_tokens,
+                      args.limit, judge)
+    print(f"mean score {report['mean_score']:.2f} / 10 over {len(report['results'])} prompts -> {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -106,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--out", default="eval/inspect")
     i.add_argument("--device", default="auto")
     i.set_defaults(func=_inspect)
+    n = sub.add_parser("niah", help="needle in a haystack, scored offline (optional LLM judge)")
+    n.add_argument("--model", required=True)
+    n.add_argument("--mode", choices=["standard", "easy"], default="standard")
+    n.add_argument("--lengths", type=int, nargs="*", default=None, help="default: linspace(1000, 32000, 11)")
+    n.add_argument("--depths", type=float, nargs="*", default=None, help="default: linspace(0, 100, 11)")
+    n.add_argument("--max-new-tokens", type=int, default=32)
+    n.add_argument("--limit", type=int, default=None, help="only the first N (length, depth) cells")
+    n.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL (key: $FOX_EVAL_JUDGE_API_KEY)")
+    n.add_argument("--judge-model", default="gpt-4o-mini")
+    n.add_argument("--out", default="eval/niah")
+    n.add_argument("--device", default="auto")
+    n.set_defaults(func=_niah)
     return ap
 
 
