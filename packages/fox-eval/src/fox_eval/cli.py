@@ -4,6 +4,7 @@
     fox-eval generate --model DIR "prompt"
     fox-eval inspect --model DIR --text FILE [--layers 0 5] [--heads 0 1]
     fox-eval niah --model DIR --mode standard|easy
+    fox-eval harness --model DIR [DIR ...] --tasks paper|TASK [TASK ...] [--include-path DIR]
 """
 
 from __future__ import annotations
@@ -93,6 +94,20 @@ def _niah(args) -> None:
     print(f"mean score {report['mean_score']:.2f} / 10 over {len(report['results'])} prompts -> {args.out}")
 
 
+def _harness(args) -> None:
+    from fox_eval import harness
+    from fox_eval.per_token_loss import check_model_dir
+
+    for path in args.model:
+        check_model_dir(path)
+    if args.include_path and not Path(args.include_path).exists():
+        raise FileNotFoundError(f"--include-path {args.include_path!r} does not exist")
+    tasks = list(harness.PAPER_TASKS) if args.tasks == ["paper"] else args.tasks
+    device = str(_device(args.device))
+    _, md = harness.run(args.model, tasks, Path(args.out), args.include_path, args.limit, args.batch_size, device)
+    print(md)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -137,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--out", default="eval/niah")
     n.add_argument("--device", default="auto")
     n.set_defaults(func=_niah)
+    h = sub.add_parser("harness", help="lm-eval-harness tasks, with markdown and LaTeX tables")
+    h.add_argument("--model", nargs="+", required=True)
+    h.add_argument("--tasks", nargs="+", default=["paper"], help="'paper' (the 11 zero-shot tasks) or task names")
+    h.add_argument("--include-path", default=None, help="a folder of local lm-eval task YAML files")
+    h.add_argument("--limit", type=float, default=None, help="examples per task (or a fraction)")
+    h.add_argument("--batch-size", type=int, default=1)
+    h.add_argument("--out", default="eval/harness")
+    h.add_argument("--device", default="auto")
+    h.set_defaults(func=_harness)
     return ap
 
 

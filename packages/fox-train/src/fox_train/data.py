@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import lzma
+import os
 from importlib import resources
 from pathlib import Path
 
