@@ -66,7 +66,6 @@ def measure(name, family, size, extra, seq_len, steps, warmup, checkpointing, co
     row = dict(model=name, size=size, seq_len=seq_len, tokens_per_s=tps, step_s=dt,
                mfu=tps * flops_per_token(config, seq_len, n_params) / peak if peak else None,
                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params)
-    del model, opt
     torch.cuda.empty_cache()
     return row
 

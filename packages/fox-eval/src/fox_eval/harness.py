@@ -60,7 +60,7 @@ def pick_metrics(results: dict, tasks: list[str]) -> dict[str, tuple[str, float]
         res = results.get(task, {})
         key = PAPER_TASKS.get(task)
         if key not in res:
-            key = next((k for k, v in res.items() if isinstance(v, (int, float)) and "stderr" not in k and k != "alias"), None)
+            key = next((k for k, v in res.items() if "," in k and "stderr" not in k and isinstance(v, (int, float))), None)
         if key is not None:
             picked[task] = (key.split(",")[0], float(res[key]))
     return picked
