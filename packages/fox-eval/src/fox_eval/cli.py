@@ -5,6 +5,7 @@
     fox-eval inspect --model DIR --text FILE [--layers 0 5] [--heads 0 1]
     fox-eval niah --model DIR --mode standard|easy
     fox-eval harness --model DIR [DIR ...] --tasks paper|TASK [TASK ...] [--include-path DIR]
+    fox-eval longbench --model DIR --data DIR [--tasks ...] [--prompts dataset2prompt.json]
 """
 
 from __future__ import annotations
@@ -108,6 +109,27 @@ def _harness(args) -> None:
     print(md)
 
 
+def _longbench(args) -> None:
+    import json
+
+    from transformers import AutoTokenizer
+
+    from fox_eval import longbench
+    from fox_eval.per_token_loss import check_model_dir, load_model
+
+    check_model_dir(args.model)
+    if not Path(args.data).is_dir():
+        raise FileNotFoundError(f"--data {args.data!r} is not a folder of LongBench <task>.jsonl files")
+    unknown = [t for t in args.tasks if t not in longbench.TASKS]
+    if unknown:
+        raise ValueError(f"--tasks: unknown LongBench tasks {unknown}; known: {longbench.TASKS}")
+    prompts = json.loads(Path(args.prompts).read_text()) if args.prompts else None
+    model = load_model(args.model, _device(args.device))
+    tok = AutoTokenizer.from_pretrained(args.model)
+    longbench.run(model, tok, Path(args.data), Path(args.out), args.tasks, args.budget, args.limit, prompts)
+    print((Path(args.out) / "longbench.md").read_text())
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -161,11 +183,25 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", default="eval/harness")
     h.add_argument("--device", default="auto")
     h.set_defaults(func=_harness)
+    lb = sub.add_parser("longbench", help="LongBench v1, the 14 English tasks")
+    lb.add_argument("--model", required=True)
+    lb.add_argument("--data", required=True, help="folder with LongBench <task>.jsonl files")
+    lb.add_argument("--tasks", nargs="+", default=None, help="default: all 14")
+    lb.add_argument("--prompts", default=None, help="LongBench's dataset2prompt.json (exact prompts)")
+    lb.add_argument("--budget", type=int, default=15500, help="prompt tokens kept (middle truncation)")
+    lb.add_argument("--limit", type=int, default=None, help="samples per task")
+    lb.add_argument("--out", default="eval/longbench")
+    lb.add_argument("--device", default="auto")
+    lb.set_defaults(func=_longbench)
     return ap
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if getattr(args, "func", None) is _longbench and args.tasks is None:
+        from fox_eval.longbench import TASKS
+
+        args.tasks = list(TASKS)
     try:
         args.func(args)
     except (FileNotFoundError, ValueError, ImportError) as e:

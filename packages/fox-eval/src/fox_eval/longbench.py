@@ -1,0 +1,141 @@
+"""LongBench (v1), the 14 English tasks of the paper: prompts truncated in the middle to a token budget,
+greedy generation with per-task lengths, and the standard metrics.
+
+Data: a folder with ``<task>.jsonl`` files in LongBench's format (``input``, ``context``, ``answers``,
+``all_classes``). Prompts: LongBench's ``dataset2prompt.json`` when given (``--prompts``, needed for
+numbers comparable with published ones); otherwise the plain templates below, written for this project.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import string
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+TASKS = ["narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique", "gov_report", "qmsum",
+         "multi_news", "trec", "triviaqa", "samsum", "lcc", "repobench-p"]
+MAX_NEW_TOKENS = {"narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "hotpotqa": 32, "2wikimqa": 32,
+                  "musique": 32, "gov_report": 512, "qmsum": 512, "multi_news": 512, "trec": 64, "triviaqa": 32,
+                  "samsum": 128, "lcc": 64, "repobench-p": 64}
+QA = "Read the text below and answer the question as briefly as possible.\n\n{context}\n\nQuestion: {input}\nAnswer:"
+TEMPLATES = {
+    **{t: QA for t in ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique")},
+    "gov_report": "Write a one-page summary of the report below.\n\n{context}\n\nSummary:",
+    "qmsum": "Read the meeting transcript below and answer the query in a few sentences.\n\n{context}\n\nQuery: {input}\nAnswer:",
+    "multi_news": "Write a one-page summary of the news articles below.\n\n{context}\n\nSummary:",
+    "trec": "Classify the type of each question's answer, following the examples.\n\n{context}\n{input}",
+    "triviaqa": "Answer the question, following the examples.\n\n{context}\n\n{input}",
+    "samsum": "Summarize the dialogue, following the examples.\n\n{context}\n\n{input}",
+    "lcc": "Complete the next line of the code below.\n\n{context}",
+    "repobench-p": "Complete the next line of the code below.\n\n{context}{input}",
+}
+FIRST_LINE_ONLY = ("trec", "triviaqa", "samsum")
+
+
+def normalize_answer(s: str) -> str:
+    """Lower case, drop punctuation and the articles a/an/the, collapse whitespace."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in set(string.punctuation))
+    s = re.sub(r"\b(a|an|the)\b", " ", s)
+    return " ".join(s.split())
+
+
+def qa_f1(prediction: str, truth: str) -> float:
+    pred, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    p, r = common / len(pred), common / len(gold)
+    return 2 * p * r / (p + r)
+
+
+def rouge_l(prediction: str, truth: str) -> float:
+    """ROUGE-L F1 over whitespace tokens (longest common subsequence)."""
+    a, b = prediction.split(), truth.split()
+    if not a or not b:
+        return 0.0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)
+
+
+def classification(prediction: str, truth: str, all_classes: list[str]) -> float:
+    """1/k if the true class is among the k classes named in the prediction (ignoring classes that are only
+    substrings of the true one), else 0."""
+    named = [c for c in all_classes if c in prediction]
+    named = [c for c in named if not (c in truth and c != truth)]
+    return 1.0 / len(named) if truth in named else 0.0
+
+
+def code_sim(prediction: str, truth: str) -> float:
+    """Similarity of the first code line of the prediction to the truth (difflib ratio, 0-1)."""
+    line = next((ln for ln in prediction.lstrip("\n").split("\n") if not ln.strip().startswith(("`", "#", "//"))), "")
+    return round(100 * difflib.SequenceMatcher(None, line, truth).ratio()) / 100
+
+
+METRIC = {**{t: qa_f1 for t in ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique", "triviaqa")},
+          **{t: rouge_l for t in ("gov_report", "qmsum", "multi_news", "samsum")},
+          "trec": classification, "lcc": code_sim, "repobench-p": code_sim}
+
+
+def score(task: str, prediction: str, answers: list[str], all_classes: list[str] | None = None) -> float:
+    if task in FIRST_LINE_ONLY:
+        prediction = prediction.lstrip("\n").split("\n")[0]
+    fn = METRIC[task]
+    if fn is classification:
+        return max(classification(prediction, a, all_classes or []) for a in answers)
+    return max(fn(prediction, a) for a in answers)
+
+
+def truncate_middle(ids: list[int], budget: int) -> list[int]:
+    """Keep the first and last budget/2 tokens of a prompt longer than budget."""
+    if len(ids) <= budget:
+        return ids
+    half = budget // 2
+    return ids[:half] + ids[len(ids) - (budget - half):]
+
+
+@torch.no_grad()
+def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: int = 15500, limit: int | None = None,
+        prompts: dict | None = None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for task in tasks:
+        path = data_dir / f"{task}.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"--data {str(data_dir)!r} has no {task}.jsonl")
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
+        template = (prompts or {}).get(task, TEMPLATES[task])
+        preds, scores = [], []
+        for row in tqdm(rows, desc=f"longbench {task}", unit="sample"):
+            prompt = template.format(context=row.get("context", ""), input=row.get("input", ""))
+            ids = truncate_middle(tokenizer(prompt)["input_ids"], budget)
+            x = torch.tensor([ids], device=model.device)
+            gen = model.generate(x, max_new_tokens=MAX_NEW_TOKENS[task], do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)
+            pred = tokenizer.decode(gen[0, len(ids):], skip_special_tokens=True)
+            preds.append(pred)
+            scores.append(score(task, pred, row["answers"], row.get("all_classes")))
+        results[task] = 100 * float(np.mean(scores)) if scores else float("nan")
+        (out / f"{task}.jsonl").write_text("\n".join(json.dumps({"pred": p, "answers": r["answers"], "score": s})
+                                                     for p, r, s in zip(preds, rows, scores)))
+    results["average"] = float(np.mean([v for k, v in results.items() if k != "average"]))
+    (out / "longbench.json").write_text(json.dumps(results, indent=1))
+    md = "| task | score |\n|---|---|\n" + "".join(f"| {k} | {v:.2f} |\n" for k, v in results.items())
+    (out / "longbench.md").write_text(md)
+    return results

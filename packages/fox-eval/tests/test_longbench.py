@@ -1,0 +1,70 @@
+"""LongBench metrics against hand-computed values on fixed strings; truncation; the command end to end."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import fox_models
+from fox_eval import longbench as lb
+from fox_eval.cli import main
+
+
+def test_qa_f1_by_hand():
+    # normalised: "eiffel tower paris" vs "eiffel tower": common 2, p = 2/3, r = 1 -> f1 = 0.8
+    assert lb.qa_f1("The Eiffel Tower, Paris!", "eiffel tower") == pytest.approx(0.8)
+    assert lb.qa_f1("nothing", "eiffel tower") == 0.0
+    assert lb.normalize_answer("An  Apple, the Pie.") == "apple pie"
+
+
+def test_rouge_l_by_hand():
+    # LCS of "the cat sat on the mat" / "the cat is on the mat" = "the cat on the mat" (5): p = r = 5/6
+    assert lb.rouge_l("the cat sat on the mat", "the cat is on the mat") == pytest.approx(5 / 6)
+    # LCS 2 ("a c"): p = 2/3, r = 2/2 -> 0.8
+    assert lb.rouge_l("a b c", "a c") == pytest.approx(0.8)
+
+
+def test_classification_by_hand():
+    classes = ["Location", "Person", "Date", "Other location"]
+    assert lb.classification("Type: Location", "Location", classes) == 1.0
+    assert lb.classification("Person or Date", "Date", classes) == 0.5
+    # "Location" inside the truth "Other location"? no: case differs; "Other location" named once
+    assert lb.classification("Other location", "Other location", classes) == 1.0
+    assert lb.classification("Date", "Person", classes) == 0.0
+
+
+def test_code_sim_and_first_line_rules():
+    assert lb.code_sim("# comment\nx = foo(1)\ny", "x = foo(1)") == 1.0
+    assert lb.code_sim("x = foo(2)", "x = foo(1)") == pytest.approx(0.9)  # difflib: 2*9/20
+    assert lb.score("triviaqa", "Paris\nand more text", ["Paris"]) == 1.0
+    assert lb.score("narrativeqa", "a dog", ["the cat", "a dog"]) == 1.0
+
+
+def test_truncate_middle():
+    ids = list(range(100))
+    assert lb.truncate_middle(ids, 100) == ids
+    assert lb.truncate_middle(ids, 10) == [0, 1, 2, 3, 4, 95, 96, 97, 98, 99]
+    assert lb.truncate_middle(ids, 9) == [0, 1, 2, 3, 95, 96, 97, 98, 99]
+
+
+def test_command_end_to_end(tmp_path, capsys):
+    torch.manual_seed(0)
+    cfg = fox_models.ForgettingTransformerConfig(vocab_size=50257, hidden_size=32, num_hidden_layers=1, num_heads=2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
+    fox_models.JSONGPT2Tokenizer().save_pretrained(tmp_path / "m")
+    data = tmp_path / "lb"
+    data.mkdir()
+    (data / "hotpotqa.jsonl").write_text(json.dumps({"input": "Who?", "context": "Moses led the people. " * 50,
+                                                     "answers": ["Moses"], "all_classes": None}))
+    (data / "trec.jsonl").write_text(json.dumps({"input": "What city?", "context": "Question: Where? Type: Location",
+                                                 "answers": ["Location"], "all_classes": ["Location", "Person"]}))
+    main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "hotpotqa", "trec",
+          "--budget", "64", "--out", str(tmp_path / "o")])
+    res = json.loads((tmp_path / "o" / "longbench.json").read_text())
+    assert set(res) == {"hotpotqa", "trec", "average"} and 0 <= res["average"] <= 100
+    assert "| hotpotqa |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="has no qasper.jsonl"):
+        main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "qasper"])
+    with pytest.raises(SystemExit, match="unknown LongBench tasks"):
+        main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "nope"])
