@@ -101,7 +101,13 @@ def main():
     ap.add_argument("--out", default="bench_attention.json")
     ap.add_argument("--quick", action="store_true", help="only T=4k and 16k")
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--decode-only", action="store_true", help="only the decoding cases")
     args = ap.parse_args()
+    if args.decode_only:
+        decode = bench_decode()
+        with open(args.out, "w") as f:
+            json.dump(dict(env=_env(), decode=decode), f, indent=1)
+        return
 
     contenders = {"sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION)}
     if not args.no_flex:
@@ -145,15 +151,47 @@ def main():
                             tflops_effective_pruned=flops / pruned / 1e9, speedup=base / pruned))
             print(f"ACP {label:30s} {mode:8s} exact {flops / base / 1e9:6.1f}  pruned(eff) {flops / pruned / 1e9:6.1f}  x{base / pruned:.2f}")
 
-    env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               python=platform.python_version())
+    decode = bench_decode()
+    env = _env()
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print("TFLOP/s (bf16, causal; fwd FLOPs 2BHT^2D, fwd+bwd 3.5x)")
     print(_fmt_header(contenders))
     for row in rows:
         print(_fmt_row(row, contenders))
     with open(args.out, "w") as f:
-        json.dump(dict(env=env, attention=rows, acp=acp), f, indent=1)
+        json.dump(dict(env=env, attention=rows, acp=acp, decode=decode), f, indent=1)
+
+
+def _env():
+    return dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version())
+
+
+def bench_decode():
+    """One new token per sequence against a cache: bandwidth = K/V bytes read / time (BENCHMARKS.md)."""
+    from fox_kernel import forgetting_attention_with_kvcache
+
+    rows = []
+    for B, T in ((8, 32768), (64, 4096)):
+        H, Hkv, D = 32, 8, 128
+        torch.manual_seed(0)
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        c = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4), dim=1)
+        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * k.numel() * k.element_size()
+        ours = triton.testing.do_bench(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens), warmup=50, rep=200,
+                                       return_mode="median")
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        sdpa = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
+                                       warmup=50, rep=200, return_mode="median")
+        row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, ours_ms=ours, ours_TBps=kv_bytes / ours / 1e9,
+                   sdpa_no_gate_ms=sdpa, sdpa_no_gate_TBps=kv_bytes / sdpa / 1e9)
+        rows.append(row)
+        print(f"decode B={B} T={T}: ours {row['ours_TBps']:.2f} TB/s ({ours * 1e3:.0f} us), "
+              f"SDPA without gate {row['sdpa_no_gate_TBps']:.2f} TB/s ({sdpa * 1e3:.0f} us)")
+    return rows
 
 
 def _fmt_header(contenders):

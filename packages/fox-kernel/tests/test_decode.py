@@ -1,5 +1,6 @@
 """Decoding against a cache of prefix sums equals the full forward, step by step and chunk by chunk."""
 
+import pytest
 import torch
 
 from fox_kernel import append_to_cache, forgetting_attention_with_kvcache
@@ -39,3 +40,36 @@ def test_left_padding_in_the_cache():
     rest = forgetting_attention_with_kvcache(q[:, 30:], *cache, seq_start=seq_start)
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full, rtol=1e-5, atol=1e-5)
     assert cache[2][1, :11].abs().max() == 0  # padded gates do not enter the prefix sums
+
+
+DEVICES = [pytest.param(("cpu", torch.float32), id="cpu-fp32"),
+           pytest.param(("cuda", torch.bfloat16), id="cuda-bf16", marks=pytest.mark.gpu),
+           pytest.param(("cuda", torch.float16), id="cuda-fp16", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device_dtype", DEVICES)
+@pytest.mark.parametrize("Tq", [1, 3, 40])
+def test_preallocated_cache_with_per_row_lengths(device_dtype, Tq):
+    """Rows of different lengths in one preallocated cache, GQA, left padding; vs the float64 reference."""
+    device, dtype = device_dtype
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    B, Tmax, H, Hkv, D = 3, 300, 8, 2, 64
+    lengths = [300, 97, 41]
+    seq_start = torch.tensor([0, 10, 0])
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tmax, Hkv, D, generator=g)
+    v = torch.randn(B, Tmax, Hkv, D, generator=g)
+    lf = random_log_fgate((B, Tmax, H), speed="slow", generator=g)
+    _, _, c = append_to_cache(None, None, None, k, v, lf, seq_start=seq_start)
+    out = forgetting_attention_with_kvcache(
+        q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), c.to(device),
+        torch.tensor(lengths, dtype=torch.int32, device=device), seq_start=seq_start.to(device))
+    for b, L in enumerate(lengths):
+        qb = torch.zeros(1, L, H, D, dtype=torch.float64)
+        qb[:, L - Tq :] = q[b : b + 1].double()
+        ref = forgetting_attention_ref(qb, k[b : b + 1, :L].double(), v[b : b + 1, :L].double(), lf[b : b + 1, :L].double(),
+                                       seq_start=seq_start[b : b + 1])[:, L - Tq :]
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(out[b : b + 1].double().cpu(), ref, rtol=tol, atol=tol)

@@ -17,9 +17,10 @@ def test_triton_kernels_in_the_interpreter():
         pytest.skip("already inside the interpreted run")
     pytest.importorskip("numpy")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    tests = Path(__file__).parent / "test_forgetting_attention.py"
+    here = Path(__file__).parent
+    tests = [str(here / "test_forgetting_attention.py"), str(here / "test_decode.py")]
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
         env=env, capture_output=True, text=True, timeout=1200,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]

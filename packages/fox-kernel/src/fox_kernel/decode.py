@@ -5,8 +5,10 @@ over it. The cache here is a set of plain tensors grown by ``append_to_cache``:
 
     k_cache, v_cache: (B, T, Hkv, D)   c_cache: (B, T, H) float32   (T = tokens cached so far)
 
-This is the PyTorch implementation (CPU and GPU). Queries are chunked so a long chunked prefill never
-holds more than (B, H, chunk, T) scores.
+Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. On CUDA
+(and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton_decode.py``); otherwise a
+PyTorch implementation, chunked over queries so a long chunked prefill never holds more than
+(B, H, chunk, T) scores.
 """
 
 from __future__ import annotations
@@ -53,14 +55,16 @@ def forgetting_attention_with_kvcache(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     c_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor | None = None,
     *,
     seq_start: torch.Tensor | None = None,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
-    """Attention of the newest ``Tq`` tokens (already appended) over the whole cache.
+    """Attention of the newest ``Tq`` tokens (already appended) over the cache.
 
-    q: (B, Tq, H, D), end-aligned with the cache: query i sits at cache position T - Tq + i.
-    Returns (B, Tq, H, D) in q's dtype; rows of padding positions return 0.
+    q: (B, Tq, H, D), end-aligned with each row's valid length L_b (``cache_seqlens``, default the
+    cache's length T): query i sits at cache position L_b - Tq + i. Returns (B, Tq, H, D) in q's dtype;
+    rows of padding positions return 0.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
         checks.require_tensor(name, x)
@@ -72,7 +76,19 @@ def forgetting_attention_with_kvcache(
         raise ValueError(f"c_cache must be float32 of shape {(B, T, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
     if H % Hkv != 0:
         raise ValueError(f"q's {H} heads must be a multiple of the cache's heads, got Hkv={Hkv}")
+    if cache_seqlens is not None:
+        if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32:
+            raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
     scale = D**-0.5 if sm_scale is None else sm_scale
+    from fox_kernel.ops.triton_attention import interpreting
+
+    if (q.is_cuda or interpreting()) and q.dtype != torch.float64:
+        from fox_kernel.ops.triton_decode import triton_decode
+
+        lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
+        starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
+        k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
+        return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = H // Hkv
     kh = k_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)  # (B, H, T, D)
@@ -81,13 +97,15 @@ def forgetting_attention_with_kvcache(
     qh = q.permute(0, 2, 1, 3).to(acc)
     out = torch.empty(B, H, Tq, D, dtype=acc, device=q.device)
     pos_k = torch.arange(T, device=q.device)
+    lens = torch.full((B,), T, device=q.device) if cache_seqlens is None else cache_seqlens.to(q.device).long()
     rows = max(1, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * T)))
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
-        pos_q = torch.arange(start, end, device=q.device) + (T - Tq)
+        pos_q = torch.arange(start, end, device=q.device)[None, :] + (lens[:, None] - Tq)  # (B, C)
         s = torch.matmul(qh[:, :, start:end], kh.transpose(-1, -2)) * scale
-        s = s + c[..., pos_q, None] - c[..., None, :]
-        allowed = (pos_k[None, :] <= pos_q[:, None])[None, None]
+        c_q = torch.gather(c, 2, pos_q.clamp_min(0)[:, None, :].expand(B, H, -1))
+        s = s + c_q[..., None] - c[..., None, :]
+        allowed = (pos_k[None, None, :] <= pos_q[:, :, None])[:, None]
         if seq_start is not None:
             allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
         s = s.masked_fill(~allowed, float("-inf"))

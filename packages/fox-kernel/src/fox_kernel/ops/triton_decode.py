@@ -1,0 +1,123 @@
+"""Split-KV (flash-decoding) Forgetting Attention over a KV cache with cached gate prefix sums.
+
+One program takes one key/value head of one sequence and one slice of the cache, and serves every query
+head of the GQA group and every new token at once (rows = group x new tokens), so K and V are read once
+per group. The slices' partial results (unnormalised output, running max and sum) are merged afterwards.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fox_kernel.ops.triton_attention import LOG2E, interpreting
+
+
+@triton.jit
+def _decode_kernel(
+    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT,
+    stride_qb, stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_cb, stride_ct,
+    B, HKV, TQ, Q0, ROWS, D, sm_scale2, split_len,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_SEQ_START: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    length = tl.load(LENS + b)
+    if HAS_SEQ_START:
+        s0 = tl.load(SEQ_START + b)
+    else:
+        s0 = 0
+    rows = tl.arange(0, BLOCK_M)
+    g = rows // ROWS
+    i = Q0 + rows % ROWS
+    valid = rows < GROUP * ROWS
+    h = hk * GROUP + g
+    pos = length - TQ + i
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    bq = b.to(tl.int64)
+    q = tl.load(Q + bq * stride_qb + i[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
+                mask=valid[:, None] & mask_d[None, :], other=0.0)
+    c_base = C + bq * stride_cb
+    c_q = tl.load(c_base + pos.to(tl.int64) * stride_ct + h, mask=valid, other=0.0)
+
+    start = tl.maximum(pid_s * split_len, (s0 // BLOCK_N) * BLOCK_N)
+    end = tl.minimum(pid_s * split_len + split_len, length)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        kn = n0 + offs_n
+        mask_n = kn < end
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(K + bq * stride_kb + kn[:, None].to(tl.int64) * stride_kt + hk * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * sm_scale2
+        c_k = tl.load(c_base + kn[None, :].to(tl.int64) * stride_ct + h[:, None],
+                      mask=valid[:, None] & mask_n[None, :], other=0.0)
+        s += (c_q[:, None] - c_k) * 1.4426950408889634
+        keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + bq * stride_vb + kn[:, None].to(tl.int64) * stride_vt + hk * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
+    tl.store(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
+    tl.store(M_OUT + slot + rows, m_i)
+    tl.store(L_OUT + slot + rows, l_i)
+
+
+def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
+    if interpreting() or device.type != "cuda":
+        return max(1, min(4, triton.cdiv(t_max, block_n)))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(triton.cdiv(2 * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
+
+
+def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale):
+    """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32."""
+    B, Tq, H, D = q.shape
+    Tmax, Hkv = k_cache.shape[1], k_cache.shape[2]
+    group = H // Hkv
+    block_d = max(16, triton.next_power_of_2(D))
+    block_n = 16 if interpreting() or not q.is_cuda else 64
+    rows_per_launch = max(1, 64 // group)
+    splits = _num_splits(q.device, B * Hkv, Tmax, block_n)
+    split_len = triton.cdiv(triton.cdiv(Tmax, splits), block_n) * block_n
+    out = torch.empty_like(q)
+    for q0 in range(0, Tq, rows_per_launch):
+        rows = min(rows_per_launch, Tq - q0)
+        block_m = max(16, triton.next_power_of_2(group * rows))
+        acc = torch.empty(splits, B, Hkv, block_m, block_d, dtype=torch.float32, device=q.device)
+        m = torch.empty(splits, B, Hkv, block_m, dtype=torch.float32, device=q.device)
+        lsum = torch.empty_like(m)
+        _decode_kernel[(splits, B * Hkv)](
+            q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
+            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
+            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, split_len,
+            GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
+            num_warps=4, num_stages=2 if q.is_cuda else 1,
+        )
+        # Merge the slices: weights 2^(m_s - max_s m_s); rows that saw no key keep l = 0 and give 0.
+        top = m.amax(0, keepdim=True)
+        w = torch.exp2(m - top)
+        num = (w[..., None] * acc).sum(0)
+        den = (w * lsum).sum(0)
+        o = num / torch.where(den > 0, den, torch.ones_like(den))[..., None]
+        o = o[:, :, : group * rows, :D].reshape(B, Hkv, group, rows, D)
+        out[:, q0 : q0 + rows] = o.permute(0, 3, 1, 2, 4).reshape(B, rows, H, D).to(q.dtype)
+    return out
