@@ -76,9 +76,8 @@ def forgetting_attention_with_kvcache(
         raise ValueError(f"c_cache must be float32 of shape {(B, T, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
     if H % Hkv != 0:
         raise ValueError(f"q's {H} heads must be a multiple of the cache's heads, got Hkv={Hkv}")
-    if cache_seqlens is not None:
-        if tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32:
-            raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if cache_seqlens is not None and (tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32):
+        raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
     scale = D**-0.5 if sm_scale is None else sm_scale
     from fox_kernel.ops.triton_attention import interpreting
 
