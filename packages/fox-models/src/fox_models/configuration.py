@@ -5,15 +5,8 @@ from __future__ import annotations
 from fox_models.compat import ConfigBase
 
 
-class ForgettingTransformerConfig(ConfigBase):
-    """FoX (Pro and LLaMA) and Transformer (Pro, ``fgate_type="none"`` + ``use_rope``).
-
-    ``qk_norm_share_param_across_head=None`` (absent in the released configs) means: decided by the
-    shape of ``q_norm.weight`` when loading a checkpoint, per-head weights otherwise.
-    """
-
-    model_type = "forgetting_transformer-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+class _DecoderConfig(ConfigBase):
+    """Fields shared by the FoX and Transformer configs (sizes, norms, tokens, RoPE base)."""
 
     def __init__(
         self,
@@ -39,23 +32,10 @@ class ForgettingTransformerConfig(ConfigBase):
         fuse_norm: bool = True,
         fuse_cross_entropy: bool = True,
         rope_base: float = 500000.0,
-        use_rope: bool = False,
-        use_output_gate: bool = False,
-        ogate_act: str = "sigmoid",
-        fgate_type: str = "full",
-        fgate_bias_init: bool = False,
-        decay_time_min: float | None = None,
-        decay_time_max: float | None = None,
-        use_output_norm: bool = False,
-        qk_norm: bool = False,
-        qk_norm_share_param_across_head: bool | None = None,
-        use_k_shift: bool = False,
-        use_v_shift: bool = False,
-        log_pruning_tolerance: float | None = None,
         **kwargs,
     ):
         if window_size is not None:
-            raise ValueError(f"window_size is not supported (sliding-window FoX), got {window_size}")
+            raise ValueError(f"window_size is not supported (sliding-window attention), got {window_size}")
         if hidden_act not in ("swish", "silu"):
             raise ValueError(f"hidden_act must be 'swish' (SwiGLU), got {hidden_act!r}")
         self.vocab_size = vocab_size
@@ -76,6 +56,39 @@ class ForgettingTransformerConfig(ConfigBase):
         self.fuse_norm = fuse_norm
         self.fuse_cross_entropy = fuse_cross_entropy
         self.rope_base = rope_base
+        super().__init__(
+            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings, **kwargs,
+        )
+
+
+class ForgettingTransformerConfig(_DecoderConfig):
+    """FoX (Pro and LLaMA) and Transformer (Pro, ``fgate_type="none"`` + ``use_rope``).
+
+    ``qk_norm_share_param_across_head=None`` (absent in the released configs) means: decided by the
+    shape of ``q_norm.weight`` when loading a checkpoint, per-head weights otherwise.
+    """
+
+    model_type = "forgetting_transformer-project_fox"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        use_rope: bool = False,
+        use_output_gate: bool = False,
+        ogate_act: str = "sigmoid",
+        fgate_type: str = "full",
+        fgate_bias_init: bool = False,
+        decay_time_min: float | None = None,
+        decay_time_max: float | None = None,
+        use_output_norm: bool = False,
+        qk_norm: bool = False,
+        qk_norm_share_param_across_head: bool | None = None,
+        use_k_shift: bool = False,
+        use_v_shift: bool = False,
+        log_pruning_tolerance: float | None = None,
+        **kwargs,
+    ):
         self.use_rope = use_rope
         self.use_output_gate = use_output_gate
         self.ogate_act = ogate_act
@@ -89,10 +102,7 @@ class ForgettingTransformerConfig(ConfigBase):
         self.use_k_shift = use_k_shift
         self.use_v_shift = use_v_shift
         self.log_pruning_tolerance = log_pruning_tolerance
-        super().__init__(
-            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings, **kwargs,
-        )
+        super().__init__(**kwargs)
 
     def attention_kwargs(self) -> dict:
         """Arguments of ``fox_layers.ForgettingAttentionLayer`` for this config."""
@@ -107,62 +117,14 @@ class ForgettingTransformerConfig(ConfigBase):
         )
 
 
-class TransformerConfig(ConfigBase):
+class TransformerConfig(_DecoderConfig):
     """Transformer (LLaMA): RoPE attention through SDPA, SwiGLU MLP, RMSNorm."""
 
     model_type = "transformer-project_fox"
     keys_to_ignore_at_inference = ["past_key_values"]
 
-    def __init__(
-        self,
-        vocab_size: int = 32000,
-        hidden_size: int = 2048,
-        hidden_ratio: float = 4,
-        intermediate_size: int | None = None,
-        num_hidden_layers: int = 24,
-        num_heads: int = 32,
-        num_kv_heads: int | None = None,
-        hidden_act: str = "swish",
-        window_size: int | None = None,
-        max_position_embeddings: int = 2048,
-        initializer_range: float = 0.02,
-        elementwise_affine: bool = True,
-        norm_eps: float = 1e-6,
-        use_cache: bool = True,
-        pad_token_id: int | None = None,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
-        tie_word_embeddings: bool = False,
-        attention_bias: bool = False,
-        fuse_norm: bool = True,
-        fuse_cross_entropy: bool = True,
-        rope_base: float = 500000.0,
-        **kwargs,
-    ):
-        if window_size is not None:
-            raise ValueError(f"window_size is not supported, got {window_size}")
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.hidden_ratio = hidden_ratio
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
-        self.hidden_act = hidden_act
-        self.window_size = window_size
-        self.max_position_embeddings = max_position_embeddings
-        self.initializer_range = initializer_range
-        self.elementwise_affine = elementwise_affine
-        self.norm_eps = norm_eps
-        self.use_cache = use_cache
-        self.attention_bias = attention_bias
-        self.fuse_norm = fuse_norm
-        self.fuse_cross_entropy = fuse_cross_entropy
-        self.rope_base = rope_base
-        super().__init__(
-            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings, **kwargs,
-        )
+    def __init__(self, **kwargs):  # transformers 5 needs each config class to define its own __init__
+        super().__init__(**kwargs)
 
     def attention_kwargs(self) -> dict:
         return dict(
