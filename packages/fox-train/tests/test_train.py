@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -126,3 +127,25 @@ def test_sampler_resumes_at_the_right_batch(world):
         assert [fresh.indices(step, a, r) for a in range(s.accum_steps) for r in range(world)] == \
                [s.indices(step, a, r) for a in range(s.accum_steps) for r in range(world)]
     assert len(set(i for st in range(6) for a in range(8) for i in ref.indices(st, a % 4, 0))) == 48
+
+
+def test_text_tokens_and_hf_sources(tmp_path):
+    """The other data sources: a text folder, a token file made by `fox-train tokenize`, a saved HF dataset."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(12):
+        (docs / f"{i:02d}.txt").write_text(f"Document {i}. " + "And it came to pass in those days. " * 40)
+    main([f"out_dir={tmp_path}", "run_name=text", "data=text", f"data.path={docs}", "schedule.total_tokens=1024",
+          "eval_every=1000", "checkpoint_every=1000", "export=false", *SMALL])
+    main(["tokenize", str(docs), str(tmp_path / "tokens.npy")])
+    main([f"out_dir={tmp_path}", "run_name=tok", "data=tokens", f"data.path={tmp_path / 'tokens.npy'}",
+          "schedule.total_tokens=1024", "eval_every=1000", "checkpoint_every=1000", "export=false", *SMALL])
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": [p.read_text() for p in sorted(docs.iterdir())]}).save_to_disk(str(tmp_path / "hf"))
+    main([f"out_dir={tmp_path}", "run_name=hf", "data=hf", f"data.path={tmp_path / 'hf'}", "schedule.total_tokens=1024",
+          "eval_every=1000", "checkpoint_every=1000", "export=false", *SMALL])
+    for run in ("text", "tok", "hf"):
+        recs = _records(tmp_path / run)
+        assert [r["step"] for r in recs if "loss" in r][-1] == 4, run
+    tokens = np.load(tmp_path / "tokens.npy")
+    assert tokens.dtype == np.uint16 and (tokens == 50256).sum() == 12  # one EOT after each document
