@@ -244,9 +244,9 @@ class ForgettingAttentionLayer(nn.Module):
             if past > 0:
                 o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start)
         o = o.reshape(B, T, self.hidden_size).to(dtype)
+        g = self.ogate_proj(x) if self.use_output_gate else None
         if self.use_output_norm:
-            o = self.output_norm(o)
-        if self.use_output_gate:
-            g = self.ogate_proj(x)
+            o = self.output_norm(o, g, self.ogate_act)  # norm and gate fused on GPU
+        elif g is not None:
             o = o * (torch.sigmoid(g) if self.ogate_act == "sigmoid" else F.silu(g))
         return self.o_proj(o), state

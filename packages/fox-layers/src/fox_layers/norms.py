@@ -45,11 +45,11 @@ class GroupRMSNorm(nn.Module):
         self.share_across_groups = share_across_groups
         self.weight = nn.Parameter(torch.ones(self.group_size if share_across_groups else hidden_size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        xg = x.reshape(*shape[:-1], self.num_groups, self.group_size)
-        w = self.weight if self.share_across_groups else self.weight.view(self.num_groups, self.group_size)
-        return rms_norm(xg, w, self.eps).reshape(shape)
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None, act: str = "sigmoid") -> torch.Tensor:
+        """Normalise x (..., G * Dg) per group; with ``gate``, also multiply by act(gate) in the same pass."""
+        from fox_layers.kernels.norm_gate import norm_gate
+
+        return norm_gate(x, self.weight, gate, self.num_groups, self.eps, act)
 
     def max_abs_weight(self) -> torch.Tensor:
         """max |w| per group, shape (num_groups,): bounds the norm of a normalised group."""
