@@ -49,3 +49,33 @@ def test_interpreted_kernels():
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not interpreted"],
                          env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+@pytest.mark.skipif(not CAN_RUN, reason="needs a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("case", ["plain", "state", "seq_start", "seq_start_past", "varlen"])
+def test_shift_matches_twin(case):
+    from fox_layers.kernels.shift import shift_mix
+    from fox_layers.shift import previous_tokens
+
+    torch.manual_seed(1)
+    B, T, H, D = (1, 20, 3, 16) if case == "varlen" else (3, 11, 3, 16)
+    cur = torch.randn(B, T, H * D, device=DEVICE, requires_grad=True)
+    s = torch.randn(B, T, H, device=DEVICE, requires_grad=True)
+    state = torch.randn(B, H * D, device=DEVICE, requires_grad=True) if case in ("state", "seq_start_past") else None
+    seq_start = torch.tensor([0, 4, 11], device=DEVICE) if case.startswith("seq_start") else None
+    past = 5 if case == "seq_start_past" else 0
+    if seq_start is not None and past:
+        seq_start = torch.tensor([0, 6, 16], device=DEVICE)
+    cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32, device=DEVICE) if case == "varlen" else None
+    out = shift_mix(cur, s, state, seq_start, cu, past)
+    leaves = [cur, s] + ([state] if state is not None else [])
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rc, rs = ref_leaves[0], ref_leaves[1]
+    rstate = ref_leaves[2] if state is not None else None
+    prev = previous_tokens(rc, rstate, seq_start, cu, past)
+    a = torch.sigmoid(rs)[..., None]
+    ref = (a * prev.view(B, T, H, D) + (1 - a) * rc.view(B, T, H, D)).view(B, T, H * D)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    dy = torch.randn_like(out)
+    for g, r in zip(torch.autograd.grad(out, leaves, dy), torch.autograd.grad(ref, ref_leaves, dy.double())):
+        torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)

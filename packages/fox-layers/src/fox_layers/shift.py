@@ -29,6 +29,8 @@ def previous_tokens(
         pos = torch.arange(past, past + T, device=x.device)
         x = x * (pos[None, :] >= seq_start[:, None]).to(x.dtype)[..., None]
     first = torch.zeros(B, 1, C, dtype=x.dtype, device=x.device) if state is None else state[:, None].to(x.dtype)
+    if state is not None and seq_start is not None:  # the carried token was itself padding
+        first = first * (past - 1 >= seq_start).to(x.dtype)[:, None, None]
     prev = torch.cat([first, x[:, :-1]], dim=1)
     if cu_seqlens is not None:
         starts = cu_seqlens[:-1].long()
@@ -54,6 +56,12 @@ class ShiftLinear(nn.Module):
     def forward(self, x, state=None, seq_start=None, cu_seqlens=None, past: int = 0):
         """x: (B, T, input_dim) -> (out (B, T, output_dim), new state (B, output_dim))."""
         cur = self.linear(x)
+        from fox_layers.kernels.norm_gate import use_triton
+
+        if use_triton(cur):
+            from fox_layers.kernels.shift import shift_mix
+
+            return shift_mix(cur, self.shift_proj(x), state, seq_start, cu_seqlens, past), cur[:, -1]
         acc = torch.promote_types(cur.dtype, torch.float32)
         alpha = torch.sigmoid(self.shift_proj(x).to(acc))[..., None]  # (B, T, H, 1)
         prev = previous_tokens(cur, state, seq_start, cu_seqlens, past)
