@@ -180,3 +180,31 @@ def test_bad_options_are_named():
         ForgettingAttentionLayer(32, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="needs decay_time_min and decay_time_max"):
         ForgettingAttentionLayer(32, 4, fgate_type="fixed")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("variant", ["llama", "pro", "pro_gqa", "pro_rope_nogate"])
+@pytest.mark.parametrize("mode", ["fp32", "bf16-autocast"])
+def test_gpu_fp32_and_bf16_autocast(variant, mode):
+    """On the GPU (Triton attention, fused shift and norm + gate): full pass and prefill + decoding vs float64."""
+    layer = _layer(variant).cuda()
+    x = _x(2, 300).cuda()
+    exact, _ = _layer(variant).double()(x.double().cpu())
+    tol = 1e-4 if mode == "fp32" else 3e-2
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if mode != "fp32" else torch.autocast("cuda", enabled=False)
+    with ctx:
+        full, _ = layer(x)
+        state = AttentionState()
+        parts = [layer(x[:, :290], state=state)[0]] + [layer(x[:, t : t + 1], state=state)[0] for t in range(290, 300)]
+    _close(full.float().cpu(), exact, tol)
+    _close(torch.cat(parts, dim=1).float().cpu(), exact, tol)
+    g = torch.randn_like(full)
+    with ctx:
+        xg = x.clone().requires_grad_()
+        out, _ = layer(xg)
+    (dx,) = torch.autograd.grad(out, xg, g)
+    x64 = x.double().cpu().requires_grad_()
+    out64, _ = _layer(variant).double()(x64)
+    (dx64,) = torch.autograd.grad(out64, x64, g.double().cpu())
+    _close(dx.float().cpu(), dx64, tol * 3)

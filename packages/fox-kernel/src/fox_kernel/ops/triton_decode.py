@@ -23,7 +23,7 @@ def _decode_kernel(
     stride_cb, stride_ct,
     B, HKV, TQ, Q0, ROWS, D, sm_scale2, split_len,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_START: tl.constexpr,
+    HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -60,7 +60,7 @@ def _decode_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(K + bq * stride_kb + kn[:, None].to(tl.int64) * stride_kt + hk * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * sm_scale2
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
         c_k = tl.load(c_base + kn[None, :].to(tl.int64) * stride_ct + h[:, None],
                       mask=valid[:, None] & mask_n[None, :], other=0.0)
         s += (c_q[:, None] - c_k) * 1.4426950408889634
@@ -72,7 +72,7 @@ def _decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + bq * stride_vb + kn[:, None].to(tl.int64) * stride_vt + hk * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
     tl.store(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
@@ -110,6 +110,7 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
             B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, split_len,
             GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
         # Merge the slices: weights 2^(m_s - max_s m_s); rows that saw no key keep l = 0 and give 0.
