@@ -66,3 +66,13 @@ def test_missing_paths_are_named(tmp_path):
         main(["per-token-loss", "--model", str(tmp_path), "--data", "tokens:/nope/data.npy", "--seq-len", "8"])
     with pytest.raises(SystemExit, match="must be a .npy or .bin file, not a directory"):
         main(["per-token-loss", "--model", str(tmp_path), "--data", f"tokens:{tmp_path}", "--seq-len", "8"])
+
+
+def test_zarr_data(tmp_path):
+    from fox_eval.data import load_sequences
+
+    zarr = pytest.importorskip("zarr")
+    arr = zarr.open(str(tmp_path / "h.zarr"), mode="w", shape=(4, 100), chunks=(1, 50), dtype="uint16")
+    arr[:] = np.arange(400, dtype=np.uint16).reshape(4, 100)
+    seqs = load_sequences(f"zarr:{tmp_path / 'h.zarr'}", 60, 3)
+    assert seqs.shape == (3, 60) and seqs[2, 0] == 200 and seqs[2, -1] == 259

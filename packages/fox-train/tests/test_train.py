@@ -149,3 +149,27 @@ def test_text_tokens_and_hf_sources(tmp_path):
         assert [r["step"] for r in recs if "loss" in r][-1] == 4, run
     tokens = np.load(tmp_path / "tokens.npy")
     assert tokens.dtype == np.uint16 and (tokens == 50256).sum() == 12  # one EOT after each document
+
+
+def _lc64(path, docs=5, length=256):
+    zarr = pytest.importorskip("zarr")
+    arr = zarr.open(str(path), mode="w", shape=(docs, length), chunks=(1, 64), dtype="uint16")
+    arr[:] = (np.arange(docs)[:, None] * 1000 + np.arange(length)[None, :]).astype(np.uint16)
+    return path
+
+
+def test_longcrawl64_paper_order_and_training(tmp_path):
+    from fox_train.data import LongCrawl64Sequences
+
+    train = _lc64(tmp_path / "train.zarr")
+    held = _lc64(tmp_path / "heldout.zarr", docs=3)
+    seqs = LongCrawl64Sequences(str(train), 64)
+    assert len(seqs) == 20
+    # the first chunk of every document comes before any second chunk
+    assert [int(seqs.get(i)[0]) for i in range(7)] == [0, 1000, 2000, 3000, 4000, 64, 1064]
+    assert seqs.get(6).tolist() == list(range(1064, 1128))
+    with pytest.raises(ValueError, match="must divide the document length 256"):
+        LongCrawl64Sequences(str(train), 100)
+    main([f"out_dir={tmp_path}", "run_name=lc", "data=longcrawl64", f"data.path={train}", f"data.heldout_path={held}",
+          "schedule.total_tokens=768", "eval_every=1000", "checkpoint_every=1000", "export=false", *SMALL])
+    assert [r["step"] for r in _records(tmp_path / "lc") if "loss" in r][-1] == 3
