@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from fox_kernel.ops.gates import gate_grad_from_dc
 from fox_kernel.reference import gate_prefix_sum
 
 # Scores held at once, in elements: bounds the memory of one chunk (256 MiB in float32).
@@ -106,18 +107,14 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
         # d score_ij / d c_i = 1 and / d c_j = -1.
         dc[:, :, :kend] -= ds.sum(dim=-2)
         dc[:, :, pos_q] += ds.sum(dim=-1)
-    # log f_t enters every c_u with u >= t: reverse prefix sum.
-    dg = torch.flip(torch.cumsum(torch.flip(dc, dims=[-1]), dim=-1), dims=[-1])
-    if seq_start is not None:
-        pos_k = torch.arange(Tk, device=q.device)
-        dg = dg * (pos_k[None, :] >= seq_start[:, None]).to(acc)[:, None, :]
+    dg = gate_grad_from_dc(dc, seq_start, None)  # log f_t enters every c_u with u >= t
     dk = dk.view(B, Hkv, group, Tk, D).sum(2)
     dv = dv.view(B, Hkv, group, Tk, D).sum(2)
     return (
         dq.permute(0, 2, 1, 3).to(q.dtype),
         dk.permute(0, 2, 1, 3).to(k.dtype),
         dv.permute(0, 2, 1, 3).to(v.dtype),
-        dg.permute(0, 2, 1).to(log_fgate.dtype),
+        dg.to(log_fgate.dtype),
     )
 
 

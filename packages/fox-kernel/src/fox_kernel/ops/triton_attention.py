@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.gates import gate_grad_from_dc, prefix_sums
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -441,15 +443,6 @@ def _grid_rows(cu_seqlens, batch, length):
     return cu_seqlens.numel() - 1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
 
 
-def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
-    """c = cumsum(log f) in float64, laid out (B, H, T) so the cumsum runs along a contiguous axis."""
-    g = log_fgate.transpose(1, 2).to(torch.float64)
-    if seq_start is not None:
-        pos = torch.arange(g.shape[-1], device=g.device)
-        g = g * (pos[None, :] >= seq_start[:, None]).to(g.dtype)[:, None, :]
-    return torch.cumsum(g, dim=-1)
-
-
 def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -510,20 +503,3 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     dc[..., Tk - Tq :] += dc_row
     dlog_fgate = gate_grad_from_dc(dc, seq_start, cu_seqlens)
     return dq, dk, dv, dlog_fgate
-
-
-def gate_grad_from_dc(dc: torch.Tensor, seq_start, cu_seqlens) -> torch.Tensor:
-    """d log f_t = sum_{u >= t} dc_u within t's sequence, zero on padding. (B, H, T) -> (B, T, H)."""
-    dc = dc.to(torch.float64)
-    suffix = torch.flip(torch.cumsum(torch.flip(dc, dims=[-1]), dim=-1), dims=[-1])
-    T = dc.shape[-1]
-    if cu_seqlens is not None:
-        # The packed suffix sum runs on into later sequences: take off what lies past each end.
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-        ends = torch.repeat_interleave(cu_seqlens[1:].long(), lengths, output_size=T)
-        padded = torch.cat([suffix, torch.zeros_like(suffix[..., :1])], dim=-1)
-        suffix = suffix - padded[..., ends]
-    if seq_start is not None:
-        pos = torch.arange(T, device=dc.device)
-        suffix = suffix * (pos[None, :] >= seq_start[:, None]).to(suffix.dtype)[:, None, :]
-    return suffix.to(torch.float32).transpose(1, 2)
