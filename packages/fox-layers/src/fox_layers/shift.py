@@ -56,7 +56,7 @@ class ShiftLinear(nn.Module):
     def forward(self, x, state=None, seq_start=None, cu_seqlens=None, past: int = 0):
         """x: (B, T, input_dim) -> (out (B, T, output_dim), new state (B, output_dim))."""
         cur = self.linear(x)
-        from fox_layers.kernels.norm_gate import use_triton
+        from fox_layers.kernels import use_triton
 
         if use_triton(cur):
             from fox_layers.kernels.shift import shift_mix

@@ -196,6 +196,7 @@ def train(cfg: TrainConfig) -> Path:
     bar = tqdm(range(start, total_steps), initial=start, total=total_steps, disable=not fabric.is_global_zero,
                desc=run_dir.name, unit="step", dynamic_ncols=True, mininterval=1.0)
     t_last, tok_last = time.perf_counter(), start * cfg.global_batch_tokens
+    per_pos = None  # held-out L(i) of the latest evaluation (the last step always evaluates)
     for step in bar:
         tokens = step * cfg.global_batch_tokens
         lr = lr_at(tokens, cfg)
@@ -231,14 +232,15 @@ def train(cfg: TrainConfig) -> Path:
             if writer:
                 writer.log(record)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == total_steps:
-            held, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+            held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
             if writer:
                 writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total_steps:
             ckpt.save(fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
     bar.close()
 
-    _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+    if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
+        _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
     if fabric.is_global_zero:
         np.save(run_dir / "heldout_per_token_loss.npy", per_pos)
         plot_per_token_loss(per_pos, run_dir / "heldout_per_token_loss.png", f"{run_dir.name}: held-out L(i)")

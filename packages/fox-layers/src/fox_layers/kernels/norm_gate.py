@@ -6,11 +6,11 @@ Triton kernel is tested against; on CUDA the fused kernel saves the float32 inte
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from fox_layers.kernels import use_triton
 
 
 @triton.jit
@@ -107,14 +107,6 @@ class _NormGate(torch.autograd.Function):
                                 BLOCK=block, SHARED=shared, HAS_GATE=gate is not None, ACT=act)
         dw = dw_part.sum(0) if shared else dw_part.view(-1, num_groups, Dg).sum(0).reshape(-1)
         return dx, dw.to(weight.dtype), dg, None, None, None
-
-
-def use_triton(x: torch.Tensor) -> bool:
-    """Fused kernels in eager mode on CUDA (or the interpreter). Under torch.compile the PyTorch twins run:
-    inductor fuses them itself, and an opaque autograd.Function would break the graph (measured slower)."""
-    if torch.compiler.is_compiling():
-        return False
-    return x.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1" and x.dtype != torch.float64)
 
 
 def norm_gate(x, weight, gate, num_groups: int, eps: float, act: str = "sigmoid"):
