@@ -18,7 +18,8 @@ from fox_kernel.ops import triton_attention as ta
 
 CANDIDATES = {
     "fwd": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
-            (128, 32, 4, 3), (128, 64, 8, 4), (64, 128, 4, 3), (128, 128, 4, 2)],
+            (128, 32, 4, 3), (128, 64, 8, 4), (64, 128, 4, 3), (128, 128, 4, 2), (128, 128, 8, 4),
+            (256, 64, 8, 2), (256, 64, 8, 3), (256, 128, 8, 2)],
     "dkdv": [(32, 128, 4, 2), (32, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 2), (64, 64, 8, 3),
              (128, 64, 8, 2), (32, 64, 4, 3), (64, 128, 4, 2), (16, 128, 4, 3)],
     "dq": [(128, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 3),
@@ -30,6 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tiles.json")
     ap.add_argument("--T", type=int, default=16384)
+    ap.add_argument("--kinds", default="fwd,dkdv,dq", help="comma-separated passes to sweep")
     args = ap.parse_args()
     original = ta._config
     chosen = {"fwd": {}, "dkdv": {}, "dq": {}}
@@ -41,7 +43,7 @@ def main():
         out, lse = ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None)
         do = torch.randn_like(q)
         flops = 4 * B * H * T * T * D / 2
-        for kind in ("fwd", "dkdv", "dq"):
+        for kind in args.kinds.split(","):
             best = None
             for bm, bn, w, st in CANDIDATES[kind]:
                 trial = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)

@@ -112,8 +112,11 @@ def test_gqa_equals_mha_with_repeated_kv(device_dtype):
     _check(device, dtype, B=2, Tq=70, Tk=70, H=H, Hkv=1, D=32)  # MQA
 
 
-def test_varlen_equals_each_sequence_alone(device_dtype):
+def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
     device, dtype = device_dtype
+    # Packed batches take the pointer loads; the single sequences must too for a bit-exact comparison
+    # (Hopper TMA loads round differently; each path is checked against float64 elsewhere).
+    monkeypatch.setenv("FOX_KERNEL_TMA", "0")
     lengths = [1, 37, 64, 5, 130]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     total = sum(lengths)
@@ -170,3 +173,40 @@ def test_pruning_stays_within_its_bound(device_dtype):
     exact = forgetting_attention(q, k, v, lf)
     loose = forgetting_attention(q, k, v, lf, adaptive_threshold=-0.1)
     assert (loose.float() - exact.float()).abs().max().item() > 0.05
+
+
+def test_pruning_in_the_backward_pass(device_dtype):
+    device, dtype = device_dtype
+    # long enough that the range searches cross several vector loads (small tiles in the interpreter)
+    q, k, v, lf = _inputs(1, 700, 700, 2, 1, 16, device, dtype, speed="fast", seed=3)
+    do = torch.randn_like(q)
+    exact = torch.autograd.grad(forgetting_attention(q, k, v, lf), (q, k, v, lf), do)
+    pruned = torch.autograd.grad(forgetting_attention(q, k, v, lf, adaptive_threshold="auto"), (q, k, v, lf), do)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for name, a, b in zip(["q", "k", "v", "gates"], exact, pruned):
+        scale = a.float().abs().max().item()
+        assert (a.float() - b.float()).abs().max().item() <= tol * max(scale, 1.0), name
+    # a threshold that drops real weight must change the gradients (the pruned passes really skip work)
+    loose = torch.autograd.grad(forgetting_attention(q, k, v, lf, adaptive_threshold=-0.5), (q, k, v, lf), do)
+    assert max((a.float() - b.float()).abs().max().item() for a, b in zip(exact, loose)) > 0.05
+
+
+def test_max_row_norms_and_auto_bound(device_dtype):
+    device, dtype = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("the Triton reduction runs on CUDA or in the interpreter")
+    from fox_kernel.ops.forgetting_attention import pruning_threshold
+    from fox_kernel.ops.triton_attention import max_row_norms
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 131, 5, 40, generator=g) * torch.rand(3, 131, 5, 1, generator=g) * 4).to(device, dtype)
+    want = torch.linalg.vector_norm(x.double(), dim=-1).amax(dim=1)
+    torch.testing.assert_close(max_row_norms(x).double(), want, rtol=1e-5, atol=1e-5)
+    # a strided view (head-first storage) gives the same
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)
+    torch.testing.assert_close(max_row_norms(xt), max_row_norms(x))
+    if device.type == "cuda":  # the CUDA bound (Triton reduction) equals the torch formula on the CPU
+        k = x[:, :, :1]
+        got = pruning_threshold(x, k, 0.3, 131)
+        ref = pruning_threshold(x.cpu(), k.cpu(), 0.3, 131)
+        torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)

@@ -103,6 +103,12 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
     Returns (B or N, H) float32.
     """
     group = q.shape[2] // k.shape[2]
+    if rows is None and q.is_cuda and k.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1:
+        # one read of q and k by a Triton reduction (torch's norm over a 64-128 wide axis is ~5x slower)
+        from fox_kernel.ops.triton_attention import max_row_norms
+
+        u = max_row_norms(q) * max_row_norms(k).repeat_interleave(group, dim=-1) * sm_scale
+        return (-(2 * u + math.log(max(t_k, 1))) + log_eps).contiguous()
     # Norms in float32 without materialising float32 copies of q and k.
     qn = torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32)  # (B, Tq, H)
     kn = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).repeat_interleave(group, dim=-1)

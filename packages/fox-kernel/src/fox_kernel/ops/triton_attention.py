@@ -11,6 +11,11 @@ FlashAttention-2 structure with the FoX bias ``c_i - c_j`` added to every score 
 * the gate gradient ``dc_j = sum_l ds_jl - sum_i ds_ij`` is a column sum taken in the dK/dV pass plus a
   row sum taken in the dQ pass, each position owned by one program, so no atomics are needed and
   gradients are bit-reproducible;
+* the row term ``c_i`` is constant along each softmax row, so it is left out of the tiles and folded
+  into the log-sum-exp (forward) or the row vector ``lse - c_i`` (backward): one tile op less per block;
+* on Hopper, K/V (forward, dQ) and Q/dO (dK/dV) tiles come through TMA tensor descriptors;
+* the forward launches the heaviest (last) query blocks first; with ``adaptive_threshold`` the
+  backward's kept ranges are found by a small kernel up front (the forward searches in place);
 * GQA: one dK/dV program per key/value head loops over the query heads of its group.
 
 Layouts: q (B, Tq, H, D), k/v (B, Tk, Hkv, D), any strides with a unit last stride; c (B, H, Tk)
@@ -54,21 +59,93 @@ def _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl
 
 
 @triton.jit
-def _first_kept_key_block(c_ptr, c_top, delta, lo, hi, BLOCK_N: tl.constexpr):
+def _first_kept_key_block(c_ptr, c_top, delta, lo, hi, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
     """First key block in [lo, hi) whose largest bias ``c_top - c_last`` reaches ``delta``.
 
-    ``c`` never increases, so the blocks that fall under the bound form a prefix: binary search.
+    ``c`` never increases, so the blocks that fall under the bound form a prefix. It is counted SCAN
+    block ends per vector load from the left: when nothing prunes (slow gates) one load decides.
     """
-    left = lo // BLOCK_N
-    right = hi // BLOCK_N
-    while left < right:
-        mid = (left + right) // 2
-        c_last = tl.load(c_ptr + mid * BLOCK_N + BLOCK_N - 1)
-        if (c_top - c_last).to(tl.float32) >= delta:
-            right = mid
-        else:
-            left = mid + 1
-    return left * BLOCK_N
+    j = lo // BLOCK_N
+    last = hi // BLOCK_N
+    go = j < last
+    while go:
+        idx = j + tl.arange(0, SCAN)
+        valid = idx < last
+        c_last = tl.load(c_ptr + idx * BLOCK_N + BLOCK_N - 1, mask=valid, other=0.0)
+        n = tl.sum((valid & ((c_top - c_last).to(tl.float32) < delta)).to(tl.int32), 0)
+        j += n
+        go = (n == SCAN) & (j < last)
+    return j * BLOCK_N
+
+
+@triton.jit
+def _block_and_head(HEADS_FIRST: tl.constexpr, REVERSE: tl.constexpr):
+    """(block, row*head, number of blocks) of this program. Blocks are launched heaviest first (REVERSE: the last query
+    blocks see the most keys); HEADS_FIRST puts heads on grid axis 0, so all heads' heaviest blocks
+    start before any lighter one, else one head's blocks run together (sharing K/V or Q/dO in L2)."""
+    if HEADS_FIRST:
+        blk = tl.program_id(1)
+        n_blk = tl.num_programs(1)
+        bh = tl.program_id(0)
+    else:
+        blk = tl.program_id(0)
+        n_blk = tl.num_programs(0)
+        bh = tl.program_id(1)
+    if REVERSE:
+        blk = n_blk - 1 - blk
+    return blk, bh, n_blk
+
+
+@triton.jit
+def _key_range(first, s0, t_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key blocks of the query tile whose first row sits at key position ``first``: [lo, mid) fully
+    visible, [mid, hi) on the diagonal."""
+    lo = (s0 // BLOCK_N) * BLOCK_N
+    mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
+    hi = tl.minimum(first + BLOCK_M, t_k)
+    return lo, mid, hi
+
+
+@triton.jit
+def _query_range(pid_n, shift, s0, t_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query blocks that see part of key block ``pid_n`` (diagonal, [m_lo, m_mid)) then all of it."""
+    m_lo = (tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
+    m_mid = tl.minimum(tl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
+    m_mid = tl.maximum(m_mid, m_lo)
+    if (pid_n + 1) * BLOCK_N <= s0:  # every key here is padding
+        m_lo = t_q
+        m_mid = t_q
+    return m_lo, m_mid
+
+
+@triton.jit
+def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT, stride_cb, stride_ch, H, Tq, Tk,
+                       KEYS_OF_QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr):
+    """Pruned ranges for the backward passes, one int per (row, head, block), found once up front so
+    the dQ and dK/dV kernels only load them (searching inside them cost registers and time).
+
+    KEYS_OF_QUERIES: first kept key of each query block (dQ); else end of the kept queries of each key
+    block (dK/dV)."""
+    pid_bh = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
+    shift = t_k - t_q
+    c_ptr = C + row * stride_cb + h * stride_ch + bos
+    delta = tl.load(THRESH + b * H + h)
+    out_ptr = OUT + pid_bh.to(tl.int64) * tl.num_programs(1) + pid
+    if KEYS_OF_QUERIES:
+        if pid * BLOCK_M < t_q:
+            first = pid * BLOCK_M + shift
+            lo, mid, hi = _key_range(first, s0, t_k, BLOCK_M, BLOCK_N)
+            tl.store(out_ptr, _first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, BLOCK_N, SCAN))
+    else:
+        if pid * BLOCK_N < t_k:
+            m_lo, m_mid = _query_range(pid, shift, s0, t_q, BLOCK_M, BLOCK_N)
+            c_bottom = tl.load(c_ptr + tl.minimum(pid * BLOCK_N + BLOCK_N, t_k) - 1)
+            tl.store(out_ptr, _last_kept_query_block(c_ptr, c_bottom, delta, shift, m_mid, t_q, BLOCK_M, SCAN))
 
 
 @triton.jit
@@ -86,15 +163,28 @@ def _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, MASKED: t
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
-               stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+def _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
+              MASKED: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    if USE_TMA:  # Hopper tensor-memory loads; rows past the tensor's end come back as zeros
+        k = k_desc.load([row, (bos + start_n).to(tl.int32), hk, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = v_desc.load([row, (bos + start_n).to(tl.int32), hk, 0]).reshape(BLOCK_N, BLOCK_D)
+    else:
+        k, v = _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, MASKED)
+    return k, v
+
+
+@triton.jit
+def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
+               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+               USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     kn = start_n + offs_n
     mask_n = kn < t_k
-    k, v = _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, CAUSAL or not EVEN_D)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
+    k, v = _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
+                     CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
     c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
-    s += c_q2[:, None] - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
+    c_k2 = (c_k - anchor).to(tl.float32) * 1.4426950408889634
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
     if HAS_SEQ_START:
@@ -109,7 +199,7 @@ def _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0,
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, C, SEQ_START, CU, THRESH, O, LSE,
+    Q, K, V, C, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -118,10 +208,10 @@ def _fwd_kernel(
     H, Tq, Tk, D, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
-    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh, n_blk = _block_and_head(HEADS_FIRST, True)
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
@@ -146,31 +236,62 @@ def _fwd_kernel(
     c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
     c_q2 = (c_q - anchor).to(tl.float32) * 1.4426950408889634
 
-    lo = (s0 // BLOCK_N) * BLOCK_N
-    mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
-    hi = tl.minimum(first + BLOCK_M, t_k)
-    if HAS_THRESH:
+    lo, mid, hi = _key_range(first, s0, t_k, BLOCK_M, BLOCK_N)
+    if HAS_THRESH:  # one vector load decides when nothing prunes: searched in place
         delta = tl.load(THRESH + b * H + h)
-        lo = _first_kept_key_block(c_ptr, anchor, delta, lo, mid, BLOCK_N)
+        lo = _first_kept_key_block(c_ptr, anchor, delta, lo, mid, BLOCK_N, SCAN)
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start_n in range(lo, mid, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
-                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-                                   False, HAS_SEQ_START, EVEN_D, PRECISION)
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
+                                   row.to(tl.int32), bos, hk, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                   BLOCK_N, BLOCK_D)
     for start_n in range(mid, hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
-                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-                                   True, HAS_SEQ_START, EVEN_D, PRECISION)
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
+                                   row.to(tl.int32), bos, hk, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                   BLOCK_N, BLOCK_D)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     o_ptrs = O + row * stride_ob + h * stride_oh + (bos + offs_m)[:, None] * stride_ot + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
-    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("inf"))
+    # The row term c_i of the bias is constant along the softmax axis: it was left out of the tiles and
+    # only enters the log-sum-exp.
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0)) + c_q2) * 0.6931471805599453, float("inf"))
     tl.store(LSE + row * stride_lb + h * stride_lh + bos + offs_m, lse, mask=mask_m)
+
+
+@triton.jit
+def _max_norm_kernel(X, OUT, stride_b, stride_t, stride_h, H, T, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """OUT[b, h] = max over t of |X[b, t, h, :]|^2 (float32; atomic max of non-negative values, so the
+    result does not depend on the order)."""
+    pid_bh = tl.program_id(0)  # heads fastest: neighbouring programs read neighbouring memory
+    pid_t = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_t < T)[:, None] & (offs_d < D)[None, :]
+    x = tl.load(X + b.to(tl.int64) * stride_b + h * stride_h + offs_t.to(tl.int64)[:, None] * stride_t + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    tl.atomic_max(OUT + pid_bh, tl.max(tl.sum(x * x, 1), 0))
+
+
+def max_row_norms(x: torch.Tensor) -> torch.Tensor:
+    """(B, H) float32: the largest L2 norm over time of the rows of x (B, T, H, D), read once."""
+    B, T, H, D = x.shape
+    out = torch.zeros(B, H, dtype=torch.float32, device=x.device)
+    if T > 0:
+        block_t = 64
+        _max_norm_kernel[(B * H, triton.cdiv(T, block_t))](
+            x, out, x.stride(0), x.stride(1), x.stride(2), H, T, D, BLOCK_T=block_t,
+            BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4,
+        )
+    return out.sqrt_()
 
 
 @triton.jit
@@ -193,20 +314,24 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stri
 
 @triton.jit
 def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor, offs_n,
-                s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
+                s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d, q_desc, do_desc, row, bos, h,
                 BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr,
-                PRECISION: tl.constexpr):
+                PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_D: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     mask_m = offs_m < t_q
-    rows = offs_m[:, None].to(tl.int64)
-    q = tl.load(q_ptrs + rows * stride_qt, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    do = tl.load(do_ptrs + rows * stride_dot, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
-    lse2 = tl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf")) * 1.4426950408889634
+    if USE_TMA:
+        q = q_desc.load([row, (bos + start_m).to(tl.int32), h, 0]).reshape(BLOCK_M, BLOCK_D)
+        do = do_desc.load([row, (bos + start_m).to(tl.int32), h, 0]).reshape(BLOCK_M, BLOCK_D)
+    else:
+        rows = offs_m[:, None].to(tl.int64)
+        q = tl.load(q_ptrs + rows * stride_qt, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        do = tl.load(do_ptrs + rows * stride_dot, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     delta = tl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
     pos_m = offs_m + shift
     c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
-    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2
-    s_t += ((c_q - anchor).to(tl.float32) * 1.4426950408889634)[None, :] - c_k2[:, None]
+    # log2 of the softmax denominator less the row term c_i of the bias (one vector, not a tile, op)
+    lse2 = (tl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf")) - (c_q - anchor).to(tl.float32)) * 1.4426950408889634
+    s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2 - c_k2[:, None]
     if CAUSAL:
         s_t = tl.where(offs_n[:, None] <= pos_m[None, :], s_t, float("-inf"))
     if HAS_SEQ_START:
@@ -221,26 +346,28 @@ def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_p
 
 
 @triton.jit
-def _last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.constexpr):
+def _last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.constexpr, SCAN: tl.constexpr):
     """End of the query blocks in [lo, hi) whose largest bias ``c_first - c_bottom`` reaches ``delta``.
 
-    Later queries see ever smaller ``c``, so the negligible blocks form a suffix: binary search.
+    Later queries see ever smaller ``c``, so the negligible blocks form a suffix. It is counted SCAN
+    blocks per vector load from the right: when nothing prunes (slow gates) one load decides.
     """
-    left = lo // BLOCK_M
-    right = (hi + BLOCK_M - 1) // BLOCK_M
-    while left < right:
-        mid = (left + right) // 2
-        c_first = tl.load(c_ptr + mid * BLOCK_M + shift)
-        if (c_first - c_bottom).to(tl.float32) >= delta:
-            left = mid + 1
-        else:
-            right = mid
-    return tl.minimum(left * BLOCK_M, hi)
+    first = lo // BLOCK_M
+    j = (hi + BLOCK_M - 1) // BLOCK_M
+    go = j > first
+    while go:
+        idx = j - SCAN + tl.arange(0, SCAN)
+        valid = idx >= first
+        c_first = tl.load(c_ptr + idx * BLOCK_M + shift, mask=valid, other=0.0)
+        n = tl.sum((valid & ((c_first - c_bottom).to(tl.float32) < delta)).to(tl.int32), 0)
+        j -= n
+        go = (n == SCAN) & (j > first)
+    return tl.minimum(j * BLOCK_M, hi)
 
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, C, SEQ_START, CU, THRESH, DO, LSE, DELTA, DK, DV, DC,
+    Q, K, V, C, SEQ_START, CU, RANGE, DO, LSE, DELTA, DK, DV, DC, A_DESC, B_DESC,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -251,10 +378,10 @@ def _dkdv_kernel(
     H, HKV, Tq, Tk, D, sm_scale, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
-    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_n, pid_bh, n_blk = _block_and_head(HEADS_FIRST, False)
     b = pid_bh // HKV
     hk = pid_bh % HKV
     row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
@@ -272,13 +399,7 @@ def _dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    # Query blocks that see part of this key block (diagonal) then all of it.
-    m_lo = (tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
-    m_mid = tl.minimum(tl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
-    m_mid = tl.maximum(m_mid, m_lo)
-    if (pid_n + 1) * BLOCK_N <= s0:  # every key here is padding
-        m_lo = t_q
-        m_mid = t_q
+    m_lo, m_mid = _query_range(pid_n, shift, s0, t_q, BLOCK_M, BLOCK_N)
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + row * stride_cb + h * stride_ch + bos
@@ -291,18 +412,18 @@ def _dkdv_kernel(
         delta_ptr = DELTA + row * stride_lb + h * stride_lh + bos
         m_hi = t_q
         if HAS_THRESH:
-            delta_h = tl.load(THRESH + b * H + h)
-            c_bottom = tl.load(c_ptr + tl.minimum(pid_n * BLOCK_N + BLOCK_N, t_k) - 1)
-            m_hi = _last_kept_query_block(c_ptr, c_bottom, delta_h, shift, m_mid, t_q, BLOCK_M)
+            m_hi = tl.load(RANGE + (b * H + h).to(tl.int64) * n_blk + pid_n)
         dc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start_m in range(m_lo, m_mid, BLOCK_M):
             dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
-                                     BLOCK_M, True, HAS_SEQ_START, PRECISION)
+                                     A_DESC, B_DESC, row.to(tl.int32), bos, h,
+                                     BLOCK_M, True, HAS_SEQ_START, PRECISION, USE_TMA, BLOCK_D)
         for start_m in range(m_mid, m_hi, BLOCK_M):
             dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
-                                     BLOCK_M, False, HAS_SEQ_START, PRECISION)
+                                     A_DESC, B_DESC, row.to(tl.int32), bos, h,
+                                     BLOCK_M, False, HAS_SEQ_START, PRECISION, USE_TMA, BLOCK_D)
         tl.store(DC + row * stride_cb + h * stride_ch + bos + offs_n, dc, mask=mask_n)
     dk_ptrs = DK + row * stride_dkb + hk * stride_dkh + rows_n * stride_dkt + offs_d[None, :]
     dv_ptrs = DV + row * stride_dvb + hk * stride_dvh + rows_n * stride_dvt + offs_d[None, :]
@@ -311,15 +432,16 @@ def _dkdv_kernel(
 
 
 @triton.jit
-def _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
-              stride_kt, stride_vt, sm_scale2, offs_n, mask_d,
-              CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr):
+def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+              stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
+              CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+              USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     kn = start_n + offs_n
     mask_n = kn < t_k
-    k, v = _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, CAUSAL or not EVEN_D)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
+    k, v = _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
+                     CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
     c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
-    s += c_q2[:, None] - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
     if HAS_SEQ_START:
@@ -333,7 +455,7 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, ancho
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, C, SEQ_START, CU, THRESH, DO, LSE, DELTA, DQ, DC_ROW,
+    Q, K, V, C, SEQ_START, CU, RANGE, DO, LSE, DELTA, DQ, DC_ROW, A_DESC, B_DESC,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -343,10 +465,10 @@ def _dq_kernel(
     H, Tq, Tk, D, sm_scale, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
-    EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh, n_blk = _block_and_head(HEADS_FIRST, True)
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
@@ -372,22 +494,23 @@ def _dq_kernel(
     first = pid_m * BLOCK_M + shift
     anchor = tl.load(c_ptr + first)
     c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
-    c_q2 = (c_q - anchor).to(tl.float32) * 1.4426950408889634
+    # the row term of the bias folded into the log-sum-exp (a vector op instead of a tile op per block)
+    lse2 -= (c_q - anchor).to(tl.float32) * 1.4426950408889634
 
-    lo = (s0 // BLOCK_N) * BLOCK_N
-    mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
-    hi = tl.minimum(first + BLOCK_M, t_k)
+    lo, mid, hi = _key_range(first, s0, t_k, BLOCK_M, BLOCK_N)
     if HAS_THRESH:
-        delta_h = tl.load(THRESH + b * H + h)
-        lo = _first_kept_key_block(c_ptr, anchor, delta_h, lo, mid, BLOCK_N)
+        # written as a multiple of BLOCK_N so the compiler keeps the key loads aligned (vectorised)
+        lo = (tl.load(RANGE + pid_bh.to(tl.int64) * n_blk + pid_m) // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dc_row = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(lo, mid, BLOCK_N):
-        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
-                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, False, HAS_SEQ_START, EVEN_D, PRECISION)
+        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+                               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
+                               False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
     for start_n in range(mid, hi, BLOCK_N):
-        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, c_q2, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
-                       stride_kt, stride_vt, sm_scale2, offs_n, mask_d, True, HAS_SEQ_START, EVEN_D, PRECISION)
+        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+                               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
+                               True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
     dq_ptrs = DQ + row * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
     tl.store(DC_ROW + row * stride_lb + h * stride_lh + bos + offs_m, dc_row, mask=mask_m)
@@ -428,6 +551,50 @@ def _config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device) 
     return cfg
 
 
+def _use_tma(*tensors) -> bool:
+    """Tensor-memory-accelerator tile loads: Hopper (sm90+), 16-bit types, 16-byte aligned rows.
+
+    ``FOX_KERNEL_TMA=0`` turns them off (for comparison). Packed varlen batches keep the pointer loads:
+    with TMA, varlen outputs differed from each sequence run alone on an H200 (not yet understood)."""
+    x0 = tensors[0]
+    if os.environ.get("FOX_KERNEL_TMA", "1") == "0" or interpreting() or x0.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(x0.device)[0] < 9 or x0.dtype == torch.float32:
+        return False
+    size = x0.element_size()
+    return all(
+        x.stride(-1) == 1 and all((st * size) % 16 == 0 for st in x.stride()[:-1]) and x.data_ptr() % 16 == 0
+        and x.shape[1] < 2**31
+        for x in tensors
+    )
+
+
+def _descriptors(tensors, block_rows, cfg, use_tma):
+    """Descriptors of (B, T, H, D) tensors read in (block_rows, BLOCK_D) tiles, or the tensors themselves."""
+    if not use_tma:
+        return tensors
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, block_rows, 1, cfg["BLOCK_D"]]) for x in tensors]
+
+
+def _grid(kind, n_heads, n_blocks, head_dim=128, group=1):
+    """Grid and launch order of a pass (see _block_and_head). Measured on an H200 (T=16k/8k): the
+    forward gains from all heads' heaviest blocks first at D <= 64 and with GQA (2-3%), loses at D=128
+    MHA; both backward passes lose with it (D=64 dK/dV up to 2x: Q/dO no longer shared in L2).
+    FOX_KERNEL_ORDER_<PASS>=heads|blocks overrides (for benchmarking)."""
+    default = "heads" if kind == "fwd" and (head_dim <= 64 or group > 1) else "blocks"
+    order = os.environ.get(f"FOX_KERNEL_ORDER_{kind.upper()}", default)
+    heads_first = order == "heads"
+    return ((n_heads, n_blocks) if heads_first else (n_blocks, n_heads)), heads_first
+
+
+def _scan() -> int:
+    """Block bounds read per vector load when searching the pruned range (small in the interpreter, so
+    tests cross several loads)."""
+    return 4 if interpreting() else 64
+
+
 def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
@@ -451,16 +618,32 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     n_rows, t_max = _grid_rows(cu_seqlens, B, Tq)
     cfg = _config("fwd", D, q.dtype, q.device)
-    grid = (triton.cdiv(t_max, cfg["BLOCK_M"]), n_rows * H)
+    grid, heads_first = _grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), D, H // Hkv)
+    use_tma = cu_seqlens is None and _use_tma(k, v)
+    k_desc, v_desc = _descriptors((k, v), cfg["BLOCK_N"], cfg, use_tma)
     _fwd_kernel[grid](
-        q, k, v, c, seq_start, cu_seqlens, threshold, out, lse,
+        q, k, v, c, seq_start, cu_seqlens, threshold, out, lse, k_desc, v_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, D, sm_scale * LOG2E,
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
-        HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D, PRECISION=_precision(q.dtype), **cfg,
+        HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D, PRECISION=_precision(q.dtype),
+        USE_TMA=use_tma, SCAN=_scan(), HEADS_FIRST=heads_first, **cfg,
     )
     return out, lse
+
+
+def _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, keys_of_queries):
+    if threshold is None:
+        return None
+    n_blocks = triton.cdiv(t_max, cfg["BLOCK_M"] if keys_of_queries else cfg["BLOCK_N"])
+    out = torch.empty(n_rows * H, n_blocks, dtype=torch.int32, device=c.device)
+    _kept_range_kernel[(n_rows * H, n_blocks)](
+        c, seq_start, cu_seqlens, threshold, out, c.stride(0), c.stride(1), H, Tq, Tk,
+        KEYS_OF_QUERIES=keys_of_queries, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=_scan(), num_warps=1,
+    )
+    return out
 
 
 def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold):
@@ -483,20 +666,28 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
         HAS_THRESH=threshold is not None, EVEN_D=max(16, triton.next_power_of_2(D)) == D, PRECISION=_precision(q.dtype),
     )
+    use_tma = cu_seqlens is None and _use_tma(q, k, v, do)
+    flags.update(USE_TMA=use_tma, SCAN=_scan())
     cfg = _config("dkdv", D, q.dtype, q.device)
-    _dkdv_kernel[(triton.cdiv(t_max, cfg["BLOCK_N"]), n_rows * Hkv)](
-        q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc,
+    q_desc, do_desc = _descriptors((q, do), cfg["BLOCK_M"], cfg, use_tma)
+    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
+    grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]))
+    _dkdv_kernel[grid](
+        q, k, v, c, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, **flags, **cfg,
+        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, **flags, **cfg,
     )
     dc_row = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     cfg = _config("dq", D, q.dtype, q.device)
-    _dq_kernel[(triton.cdiv(t_max, cfg["BLOCK_M"]), n_rows * H)](
-        q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row,
+    k_desc, v_desc = _descriptors((k, v), cfg["BLOCK_N"], cfg, use_tma)
+    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True)
+    grid, heads_first = _grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]))
+    _dq_kernel[grid](
+        q, k, v, c, seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dq),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, **flags, **cfg,
+        H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, **flags, **cfg,
     )
     # The row term of dc (d score_ij / d c_i = 1) vanishes in exact arithmetic but cancels the rounding
     # of delta (computed from the stored, rounded output); without it that error piles up in the suffix sums.
