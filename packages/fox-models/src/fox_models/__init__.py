@@ -5,6 +5,14 @@ Importing this package registers the configs, models and tokenizer with the tran
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
+from fox_models.baselines import (
+    DeltaNetConfig,
+    DeltaNetForCausalLM,
+    DeltaNetModel,
+    HGRN2Config,
+    HGRN2ForCausalLM,
+    HGRN2Model,
+)
 from fox_models.cache import FoxCache
 from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
 from fox_models.modeling import (
@@ -20,6 +28,8 @@ __version__ = "0.1.0"
 for _config, _model, _lm in (
     (ForgettingTransformerConfig, ForgettingTransformerModel, ForgettingTransformerForCausalLM),
     (TransformerConfig, TransformerModel, TransformerForCausalLM),
+    (HGRN2Config, HGRN2Model, HGRN2ForCausalLM),
+    (DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
 ):
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
@@ -27,6 +37,12 @@ for _config, _model, _lm in (
     AutoTokenizer.register(_config, fast_tokenizer_class=JSONGPT2Tokenizer, exist_ok=True)
 
 __all__ = [
+    "DeltaNetConfig",
+    "DeltaNetForCausalLM",
+    "DeltaNetModel",
+    "HGRN2Config",
+    "HGRN2ForCausalLM",
+    "HGRN2Model",
     "FoxCache",
     "ForgettingTransformerConfig",
     "ForgettingTransformerForCausalLM",

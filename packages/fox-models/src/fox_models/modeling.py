@@ -106,6 +106,9 @@ class _FoxBackbone(_FoxPreTrainedBase):
     def set_input_embeddings(self, value):
         self.embeddings = value
 
+    def new_cache(self):
+        return FoxCache(len(self.layers))
+
     def forward(
         self,
         input_ids=None,
@@ -125,7 +128,7 @@ class _FoxBackbone(_FoxPreTrainedBase):
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         cache = past_key_values
         if use_cache and cache is None:
-            cache = FoxCache(len(self.layers))
+            cache = self.new_cache()
         past = 0 if cache is None else cache.get_seq_length()
         seq_start = None
         if attention_mask is not None:
@@ -180,7 +183,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
         if past_key_values is None:
-            past_key_values = FoxCache(self.config.num_hidden_layers)
+            past_key_values = self.model.new_cache()
         past = past_key_values.get_seq_length()
         inputs = {"past_key_values": past_key_values, "use_cache": use_cache, "attention_mask": attention_mask}
         if inputs_embeds is not None and past == 0:
@@ -226,7 +229,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         config = kwargs.get("config")
         if config is None:
             config = cls.config_class.from_pretrained(pretrained_model_name_or_path, **_hub_kwargs(kwargs))
-        if getattr(config, "qk_norm", False) and config.qk_norm_share_param_across_head is None:
+        if getattr(config, "qk_norm", False) is True and config.qk_norm_share_param_across_head is None:
             config.qk_norm_share_param_across_head = _qk_norm_is_shared(pretrained_model_name_or_path, config, kwargs)
         kwargs["config"] = config
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)

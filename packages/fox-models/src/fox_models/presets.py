@@ -1,7 +1,7 @@
 """Named configs for every model and size of the paper (FOX.md section 5).
 
 ``get_preset("fox-pro-760m")`` returns a config; ``PRESETS`` lists the names (FoX Pro/LLaMA and
-Transformer Pro/LLaMA at 125M, 360M and 760M).
+Transformer Pro/LLaMA at 125M, 360M and 760M; the recurrent baselines HGRN2 and DeltaNet at 760M).
 """
 
 from __future__ import annotations
@@ -34,7 +34,21 @@ def _build(family: str, size: str, **overrides):
     return cls(**kw)
 
 
-PRESETS = [f"{family}-{size}" for family in FAMILIES for size in SIZES]
+def _baselines():
+    from fox_models.baselines import DeltaNetConfig, HGRN2Config
+
+    common = dict(vocab_size=GPT2_VOCAB, hidden_size=1536, num_hidden_layers=24, hidden_ratio=4,
+                  bos_token_id=GPT2_EOT, eos_token_id=GPT2_EOT, max_position_embeddings=16384)
+    return {
+        # 12 heads with expand ratio 128, the lower-bound parameters stored (see fox_models.baselines)
+        "hgrn2-760m": (HGRN2Config, dict(common, num_heads=12, expand_ratio=128)),
+        # 12 heads of 128, short convolutions of 4, L2 q/k norm, SiLU, beta, output norm
+        "delta_net-760m": (DeltaNetConfig, dict(common, num_heads=12, conv_size=4)),
+    }
+
+
+BASELINE_PRESETS = ["hgrn2-760m", "delta_net-760m"]
+PRESETS = [f"{family}-{size}" for family in FAMILIES for size in SIZES] + BASELINE_PRESETS
 
 
 def get_preset(name: str, **overrides):
@@ -43,4 +57,7 @@ def get_preset(name: str, **overrides):
         for size in SIZES:
             if name == f"{family}-{size}":
                 return _build(family, size, **overrides)
+    if name in BASELINE_PRESETS:
+        cls, kw = _baselines()[name]
+        return cls(**{**kw, **overrides})
     raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")

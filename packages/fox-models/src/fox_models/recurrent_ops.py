@@ -1,0 +1,101 @@
+"""Sequence mixers of the recurrent baselines: gated linear attention (HGRN2) and the delta rule
+(DeltaNet), plus the causal depthwise short convolution.
+
+Each op takes (B, T, H, *) tensors and an optional float32 state, and returns (output, final state).
+On CUDA with flash-linear-attention installed (``fox-models[baselines]``) its chunked Triton kernels
+run; otherwise a plain PyTorch recurrence in float32 (the reference, and the CPU path: one step per
+token, meant for tests and short prompts). Decoding steps (T small) also use the recurrence.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+@functools.cache
+def _fla_ops():
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.gla import chunk_gla
+    except Exception:  # not installed, or no working Triton backend
+        return None
+    return chunk_gla, chunk_delta_rule
+
+
+def _use_fla(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.shape[1] >= 16 and _fla_ops() is not None
+
+
+def gla_recurrence(q, k, v, log_g, scale, state=None):
+    """S_t = diag(exp(log_g_t)) S_{t-1} + k_t v_t^T;  o_t = scale * q_t S_t.
+
+    q, k, log_g: (B, T, H, K); v: (B, T, H, V); state: (B, H, K, V) float32 or None.
+    """
+    B, T, H, K = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
+    S = q.new_zeros(B, H, K, v.shape[-1], dtype=acc) if state is None else state.to(acc)
+    qf, kf, vf, gf = q.to(acc), k.to(acc), v.to(acc), log_g.to(acc)
+    out = []
+    for t in range(T):
+        S = S * gf[:, t].exp().unsqueeze(-1) + kf[:, t].unsqueeze(-1) * vf[:, t].unsqueeze(-2)
+        out.append(torch.einsum("bhk,bhkv->bhv", qf[:, t], S) * scale)
+    o = torch.stack(out, dim=1) if out else vf.new_zeros(B, 0, H, v.shape[-1])
+    return o.to(v.dtype), S
+
+
+def delta_rule_recurrence(q, k, v, beta, scale, state=None):
+    """S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T;  o_t = scale * q_t S_t.
+
+    q, k: (B, T, H, K); v: (B, T, H, V); beta: (B, T, H); state: (B, H, K, V) float32 or None.
+    """
+    B, T, H, K = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    S = q.new_zeros(B, H, K, v.shape[-1], dtype=acc) if state is None else state.to(acc)
+    qf, kf, vf, bf = q.to(acc), k.to(acc), v.to(acc), beta.to(acc)
+    out = []
+    for t in range(T):
+        kt = kf[:, t]
+        err = vf[:, t] - torch.einsum("bhk,bhkv->bhv", kt, S)
+        S = S + (bf[:, t, :, None, None] * kt.unsqueeze(-1)) * err.unsqueeze(-2)
+        out.append(torch.einsum("bhk,bhkv->bhv", qf[:, t], S) * scale)
+    o = torch.stack(out, dim=1) if out else vf.new_zeros(B, 0, H, v.shape[-1])
+    return o.to(v.dtype), S
+
+
+def gated_linear_attention(q, k, v, log_g, scale, state=None):
+    if _use_fla(q):
+        chunk_gla, _ = _fla_ops()
+        o, S = chunk_gla(q, k, v, log_g.float(), scale=scale,
+                         initial_state=state, output_final_state=True)
+        return o.to(v.dtype), S
+    return gla_recurrence(q, k, v, log_g, scale, state)
+
+
+def delta_rule(q, k, v, beta, scale, state=None):
+    if _use_fla(q):
+        _, chunk_delta_rule = _fla_ops()
+        o, S = chunk_delta_rule(q, k, v, beta.to(q.dtype), scale=scale, initial_state=state, output_final_state=True)
+        return o.to(v.dtype), S
+    return delta_rule_recurrence(q, k, v, beta, scale, state)
+
+
+def short_conv(x, weight, state=None, activation: bool = True):
+    """Causal depthwise convolution over time: x (B, T, C), weight (C, 1, W); state (B, W-1, C), the
+    last W-1 inputs before x (zeros at the start). Returns (y, new state)."""
+    W = weight.shape[-1]
+    B, T, C = x.shape
+    prev = x.new_zeros(B, W - 1, C) if state is None else state.to(x.dtype)
+    full = torch.cat([prev, x], dim=1)  # (B, W-1+T, C)
+    y = F.conv1d(full.transpose(1, 2), weight.to(x.dtype), groups=C).transpose(1, 2)
+    if activation:
+        y = F.silu(y)
+    return y, full[:, -(W - 1):] if W > 1 else full[:, :0]
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last axis, computed in (at least) float32."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)

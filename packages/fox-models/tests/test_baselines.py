@@ -1,0 +1,275 @@
+"""The recurrent baselines (HGRN2, DeltaNet): published layout, the right function, generation."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+import fox_models
+from fox_models.recurrent_ops import delta_rule_recurrence, gla_recurrence
+
+V, D, L = 61, 32, 2
+
+
+def _released_config(kind):
+    """config.json as the reference release writes it (its field names; no fields of ours)."""
+    common = dict(vocab_size=V, hidden_size=D, num_hidden_layers=L, hidden_ratio=4, intermediate_size=None,
+                  hidden_act="swish", max_position_embeddings=2048, norm_eps=1e-6, use_cache=True,
+                  pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+                  initializer_range=0.02, fuse_cross_entropy=True, attn_mode="chunk")
+    if kind == "hgrn2":
+        return dict(common, model_type="hgrn2-project_fox", architectures=["HGRN2ForCausalLM"], num_heads=2,
+                    expand_ratio=16, use_short_conv=False, conv_size=4, use_lower_bound=True, elementwise_affine=True)
+    return dict(common, model_type="delta_net-project_fox", architectures=["DeltaNetForCausalLM"], expand_k=1,
+                expand_v=1, use_gate=False, use_short_conv=True, conv_size=4, use_beta=True, use_output_norm=True,
+                num_heads=2, qk_norm="l2", qk_activation="silu", norm_first=False)
+
+
+def _released_dir(tmp_path, kind, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3
+    inter = 256 * -(-int(D * 4 * 2 / 3) // 256)
+    sd = {"model.embeddings.weight": r(V, D), "model.norm.weight": 1 + r(D), "lm_head.weight": r(V, D)}
+    if kind == "hgrn2":
+        sd["model.lower_bounds"] = r(L, D)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        sd[p + "attn_norm.weight"] = 1 + r(D)
+        sd[p + "mlp_norm.weight"] = 1 + r(D)
+        sd[p + "mlp.gate_proj.weight"] = r(2 * inter, D)
+        sd[p + "mlp.down_proj.weight"] = r(D, inter)
+        sd[p + "attn.o_proj.weight"] = r(D, D)
+        if kind == "hgrn2":
+            sd[p + "attn.q_proj.weight"] = r(D, D)  # 2 heads x expand ratio 16
+            sd[p + "attn.f_proj.weight"] = r(D, D)
+            sd[p + "attn.i_proj.weight"] = r(D, D)
+            sd[p + "attn.g_norm.weight"] = 1 + r(D)
+        else:
+            for n in "qkv":
+                sd[p + f"attn.{n}_proj.weight"] = r(D, D)
+                sd[p + f"attn.{n}_conv1d.weight"] = r(D, 1, 4) * 2
+            sd[p + "attn.b_proj.weight"] = r(2, D)
+            sd[p + "attn.o_norm.weight"] = 1 + r(D // 2)
+    d = tmp_path / kind
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_released_config(kind)))
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
+    return d, {k: v.double() for k, v in sd.items()}
+
+
+def _rms(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _gla_parallel(q, k, v, log_g, scale):
+    """Quadratic form of gated linear attention: o_t = scale sum_{s<=t} (q_t * exp(G_t - G_s)) . k_s v_s."""
+    T = q.shape[1]
+    G = log_g.cumsum(1)  # (B, T, H, K)
+    decay = torch.exp(G[:, :, None] - G[:, None, :])  # (B, t, s, H, K)
+    scores = torch.einsum("bthk,btshk,bshk->bhts", q, decay, k)
+    scores = scores * torch.tril(torch.ones(T, T, dtype=torch.bool))
+    return torch.einsum("bhts,bshv->bthv", scores, v) * scale
+
+
+def _delta_matrix_form(q, k, v, beta, scale):
+    """S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T with explicit matrices; o_t = scale q_t S_t."""
+    B, T, H, K = q.shape
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=q.dtype)
+    eye = torch.eye(K, dtype=q.dtype)
+    out = []
+    for t in range(T):
+        kt, bt = k[:, t], beta[:, t]  # (B, H, K), (B, H)
+        A = eye - bt[..., None, None] * kt[..., :, None] @ kt[..., None, :]
+        S = A @ S + bt[..., None, None] * kt[..., :, None] @ v[:, t, :, None, :]
+        out.append(scale * (q[:, t, :, None, :] @ S)[..., 0, :])
+    return torch.stack(out, 1)
+
+
+def _l2(x, eps=1e-6):
+    """The released kernels' L2 norm: x / sqrt(sum x^2 + 1e-6)."""
+    return x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def _causal_conv_silu(x, w):
+    W = w.shape[-1]
+    xp = F.pad(x.transpose(1, 2), (W - 1, 0))
+    return F.silu(F.conv1d(xp, w, groups=x.shape[-1])).transpose(1, 2)
+
+
+def _independent_logits(kind, sd, ids):
+    x = sd["model.embeddings.weight"][ids]
+    B, T, _ = x.shape
+    for i in range(L):
+        p = f"model.layers.{i}."
+        h = _rms(x, sd[p + "attn_norm.weight"])
+        if kind == "hgrn2":
+            q = F.silu(h @ sd[p + "attn.q_proj.weight"].T).view(B, T, 2, 16)
+            f = (h @ sd[p + "attn.f_proj.weight"].T).view(B, T, 2, 16)
+            vals = (h @ sd[p + "attn.i_proj.weight"].T).view(B, T, 2, 16)
+            # the released blocks never pass the lower bound on: forget gate sigmoid(f), input gate 1 - it
+            o = _gla_parallel(q, 1 - torch.sigmoid(f), vals, F.logsigmoid(f), 16**-0.5)
+            a = _rms(o.reshape(B, T, D), sd[p + "attn.g_norm.weight"]) @ sd[p + "attn.o_proj.weight"].T
+        else:
+            q, k, v = (_causal_conv_silu(h @ sd[p + f"attn.{n}_proj.weight"].T, sd[p + f"attn.{n}_conv1d.weight"])
+                       for n in "qkv")
+            q, k = (_l2(t.view(B, T, 2, 16)) for t in (q, k))
+            beta = torch.sigmoid(h @ sd[p + "attn.b_proj.weight"].T)
+            o = _delta_matrix_form(q, k, v.view(B, T, 2, 16), beta, 16**-0.5)
+            a = _rms(o, sd[p + "attn.o_norm.weight"]).reshape(B, T, D) @ sd[p + "attn.o_proj.weight"].T
+        x = x + a
+        gate, up = (_rms(x, sd[p + "mlp_norm.weight"]) @ sd[p + "mlp.gate_proj.weight"].T).chunk(2, -1)
+        x = x + (F.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].T
+    return _rms(x, sd["model.norm.weight"]) @ sd["lm_head.weight"].T
+
+
+KINDS = ["hgrn2", "delta_net"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_released_directory_loads_and_computes_the_right_function(tmp_path, kind):
+    d, sd = _released_dir(tmp_path, kind)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
+    assert type(model).__name__ == {"hgrn2": "HGRN2ForCausalLM", "delta_net": "DeltaNetForCausalLM"}[kind]
+    ids = torch.randint(0, V, (2, 23), generator=torch.Generator().manual_seed(1))
+    want = _independent_logits(kind, sd, ids)
+    got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    # round trip: same names and values, same function
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved", dtype=torch.float64)
+    assert set(again.state_dict()) == set(sd)
+    for k, v in again.state_dict().items():
+        assert torch.equal(v, sd[k]), k
+    torch.testing.assert_close(again(ids).logits, got, rtol=1e-12, atol=1e-12)  # weights equal bit for bit
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_loss_convention_and_gradient_checkpointing(tmp_path, kind):
+    d, _ = _released_dir(tmp_path, kind)
+    model = AutoModelForCausalLM.from_pretrained(d)
+    labels = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(2))
+    ids = torch.roll(labels, 1, dims=1)
+    ids[:, 0] = 1
+    out = model(ids, labels=labels)
+    assert out.logits is None and out.loss.shape == (2, 13)
+    logits = model(ids).logits
+    torch.testing.assert_close(out.loss, F.cross_entropy(logits.transpose(1, 2), labels, reduction="none"))
+    model.train()
+    params = [p for n, p in model.named_parameters() if n != "model.lower_bounds"]  # stored, unused (see module doc)
+    grads = torch.autograd.grad(model(ids, labels=labels).loss.mean(), params)
+    model.gradient_checkpointing_enable()
+    ckpt = torch.autograd.grad(model(ids, labels=labels).loss.mean(), params)
+    for a, b in zip(grads, ckpt):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_generation_equals_full_recompute(tmp_path, kind):
+    d, _ = _released_dir(tmp_path, kind)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
+    prompt = torch.randint(0, V, (1, 7), generator=torch.Generator().manual_seed(3))
+    out = model.generate(prompt, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    seq = prompt
+    for _ in range(10):
+        nxt = model(seq, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+    assert torch.equal(out, seq)
+    # chunked prefill carries the state (recurrent and convolution) exactly
+    full = model(seq, use_cache=False).logits
+    cache = model.model.new_cache()
+    parts = [model(seq[:, a:b], past_key_values=cache, use_cache=True).logits for a, b in ((0, 5), (5, 6), (6, 17))]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path, kind):
+    d, _ = _released_dir(tmp_path, kind)
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, V, (n,), generator=g) for n in (4, 9, 6)]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = p
+        mask[i, width - len(p):] = 1
+    batch = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for i, p in enumerate(prompts):
+        alone = model.generate(p[None], max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(batch[i, width:], alone[0, len(p):]), (kind, i)
+
+
+def test_hgrn2_lower_bound_when_applied(tmp_path):
+    d, sd = _released_dir(tmp_path, "hgrn2")
+    plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
+    bounded = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, apply_lower_bound=True)
+    ids = torch.randint(0, V, (1, 11), generator=torch.Generator().manual_seed(4))
+    lb = sd["model.lower_bounds"].softmax(0)
+    lb = lb.cumsum(0) - lb[0]
+    assert lb[1].abs().max() > 0.05  # the bound is not negligible here, so the outputs must differ
+    assert not torch.allclose(plain(ids).logits, bounded(ids).logits)
+    # layer 1 of the bounded model: forget gate lb + (1 - lb) sigmoid(f), recomputed directly
+    attn = bounded.model.layers[1].attn
+    h = torch.randn(1, 5, D, dtype=torch.float64)
+    f = (h @ sd["model.layers.1.attn.f_proj.weight"].T)
+    g = lb[1] + (1 - lb[1]) * torch.sigmoid(f)
+    q = F.silu(h @ sd["model.layers.1.attn.q_proj.weight"].T).view(1, 5, 2, 16)
+    vals = (h @ sd["model.layers.1.attn.i_proj.weight"].T).view(1, 5, 2, 16)
+    o = _gla_parallel(q, (1 - g).view(1, 5, 2, 16), vals, g.log().view(1, 5, 2, 16), 16**-0.5)
+    want = _rms(o.reshape(1, 5, D), sd["model.layers.1.attn.g_norm.weight"]) @ sd["model.layers.1.attn.o_proj.weight"].T
+    torch.testing.assert_close(attn(h, lower_bound=lb[1]), want)
+
+
+def test_recurrences_match_their_closed_forms():
+    g = torch.Generator().manual_seed(6)
+    B, T, H, K, Vd = 2, 19, 3, 5, 7
+    q, k = torch.randn(B, T, H, K, generator=g, dtype=torch.float64), torch.randn(B, T, H, K, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, H, Vd, generator=g, dtype=torch.float64)
+    log_g = F.logsigmoid(torch.randn(B, T, H, K, generator=g, dtype=torch.float64) + 1)
+    o, S = gla_recurrence(q, k, v, log_g, 0.4)
+    torch.testing.assert_close(o.double(), _gla_parallel(q, k, v, log_g, 0.4), rtol=1e-5, atol=1e-5)
+    # splitting the sequence and carrying the state gives the same outputs
+    o1, S1 = gla_recurrence(q[:, :8], k[:, :8], v[:, :8], log_g[:, :8], 0.4)
+    o2, _ = gla_recurrence(q[:, 8:], k[:, 8:], v[:, 8:], log_g[:, 8:], 0.4, S1)
+    torch.testing.assert_close(torch.cat([o1, o2], 1), o)
+    kn = F.normalize(k, dim=-1)
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=g, dtype=torch.float64))
+    o, _ = delta_rule_recurrence(q, kn, v, beta, 0.4)
+    torch.testing.assert_close(o.double(), _delta_matrix_form(q, kn, v, beta, 0.4), rtol=1e-5, atol=1e-5)
+
+
+def test_errors_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match="use_gate"):
+        fox_models.DeltaNetConfig(use_gate=True)
+    with pytest.raises(ValueError, match="use_short_conv"):
+        fox_models.HGRN2Config(use_short_conv=True)
+    with pytest.raises(ValueError, match="apply_lower_bound"):
+        fox_models.HGRN2Config(hidden_size=64, num_heads=2, expand_ratio=16, apply_lower_bound=True)
+    d, _ = _released_dir(tmp_path, "delta_net")
+    model = AutoModelForCausalLM.from_pretrained(d)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        model(torch.randint(0, V, (1, 6)), cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32))
+    with pytest.raises(ValueError, match="right padding"):
+        model(torch.randint(0, V, (2, 6)), attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_flash_linear_attention_kernels_match_the_recurrence(tmp_path, kind, monkeypatch):
+    pytest.importorskip("fla")
+    from fox_models import recurrent_ops
+
+    if recurrent_ops._fla_ops() is None:
+        pytest.skip("flash-linear-attention kernels unavailable")
+    d, _ = _released_dir(tmp_path, kind)
+    model = AutoModelForCausalLM.from_pretrained(d).cuda()
+    ids = torch.randint(0, V, (2, 300), generator=torch.Generator().manual_seed(7)).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        fast = model(ids).logits.float()
+    monkeypatch.setattr(recurrent_ops, "_use_fla", lambda x: False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        slow = model(ids).logits.float()
+    torch.testing.assert_close(fast, slow, rtol=5e-2, atol=5e-2)
