@@ -1,4 +1,4 @@
-"""The recurrent baselines (HGRN2, DeltaNet): published layout, the right function, generation."""
+"""The recurrent baselines (Mamba-2, HGRN2, DeltaNet): published layout, the right function, generation."""
 
 import json
 
@@ -16,6 +16,14 @@ V, D, L = 61, 32, 2
 
 def _released_config(kind):
     """config.json as the reference release writes it (its field names; no fields of ours)."""
+    if kind == "mamba2":
+        return dict(model_type="mamba2-project_fox", architectures=["Mamba2ForCausalLM"], num_heads=4, head_dim=16,
+                    vocab_size=V, hidden_size=D, state_size=8, num_hidden_layers=L, layer_norm_epsilon=1e-5,
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2, expand=2, conv_kernel=4, n_groups=2,
+                    use_bias=False, use_conv_bias=True, hidden_act="silu", initializer_range=0.1,
+                    residual_in_fp32=True, time_step_rank=2, time_step_min=0.001, time_step_max=0.1,
+                    time_step_floor=1e-4, time_step_limit=[0.0, float("inf")], rescale_prenorm_residual=True,
+                    use_cache=True, rms_norm=True, chunk_size=256, fuse_cross_entropy=True, tie_word_embeddings=False)
     common = dict(vocab_size=V, hidden_size=D, num_hidden_layers=L, hidden_ratio=4, intermediate_size=None,
                   hidden_act="swish", max_position_embeddings=2048, norm_eps=1e-6, use_cache=True,
                   pad_token_id=None, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
@@ -28,9 +36,28 @@ def _released_config(kind):
                 num_heads=2, qk_norm="l2", qk_activation="silu", norm_first=False)
 
 
+def _mamba2_state_dict(r):
+    sd = {"backbone.embeddings.weight": r(V, D), "backbone.norm_f.weight": 1 + r(D), "lm_head.weight": r(V, D)}
+    for i in range(L):
+        p = f"backbone.layers.{i}."
+        sd[p + "norm.weight"] = 1 + r(D)
+        m = p + "mixer."
+        sd[m + "in_proj.weight"] = r(64 + 96 + 4, D)  # z (64), x B C (64 + 2 groups x 2 x 8), dt (4 heads)
+        sd[m + "conv1d.weight"] = r(96, 1, 4) * 2
+        sd[m + "conv1d.bias"] = r(96)
+        sd[m + "dt_bias"] = r(4) - 1
+        sd[m + "A_log"] = r(4)
+        sd[m + "D"] = 1 + r(4)
+        sd[m + "norm.weight"] = 1 + r(64)
+        sd[m + "out_proj.weight"] = r(D, 64)
+    return sd
+
+
 def _released_dir(tmp_path, kind, seed=0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g) * 0.3
+    if kind == "mamba2":
+        return _write(tmp_path, kind, _mamba2_state_dict(r))
     inter = 256 * -(-int(D * 4 * 2 / 3) // 256)
     sd = {"model.embeddings.weight": r(V, D), "model.norm.weight": 1 + r(D), "lm_head.weight": r(V, D)}
     if kind == "hgrn2":
@@ -53,6 +80,10 @@ def _released_dir(tmp_path, kind, seed=0):
                 sd[p + f"attn.{n}_conv1d.weight"] = r(D, 1, 4) * 2
             sd[p + "attn.b_proj.weight"] = r(2, D)
             sd[p + "attn.o_norm.weight"] = 1 + r(D // 2)
+    return _write(tmp_path, kind, sd)
+
+
+def _write(tmp_path, kind, sd):
     d = tmp_path / kind
     d.mkdir()
     (d / "config.json").write_text(json.dumps(_released_config(kind)))
@@ -99,7 +130,39 @@ def _causal_conv_silu(x, w):
     return F.silu(F.conv1d(xp, w, groups=x.shape[-1])).transpose(1, 2)
 
 
+def _mamba2_logits(sd, ids):
+    """Mamba-2 in its quadratic (attention-like) form, float64, from the raw tensors."""
+    H, P, G, N = 4, 16, 2, 8
+    x = sd["backbone.embeddings.weight"][ids]
+    B, T, _ = x.shape
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for i in range(L):
+        m = f"backbone.layers.{i}.mixer."
+        h = _rms(x, sd[f"backbone.layers.{i}.norm.weight"], 1e-5)
+        z, xbc, dt = (h @ sd[m + "in_proj.weight"].T).split([64, 96, 4], dim=-1)
+        W = sd[m + "conv1d.weight"]
+        xbc = F.silu(F.conv1d(F.pad(xbc.transpose(1, 2), (3, 0)), W, sd[m + "conv1d.bias"], groups=96)).transpose(1, 2)
+        xs, b, c = xbc.split([64, 16, 16], dim=-1)
+        xs, b, c = xs.view(B, T, H, P), b.view(B, T, G, N), c.view(B, T, G, N)
+        dt = F.softplus(dt + sd[m + "dt_bias"])  # (B, T, H)
+        A = -torch.exp(sd[m + "A_log"])
+        cum = (dt * A).cumsum(1)  # (B, T, H)
+        y = torch.zeros(B, T, H, P, dtype=x.dtype)
+        for head in range(H):
+            grp = head // (H // G)
+            decay = torch.exp(cum[:, :, None, head] - cum[:, None, :, head]) * causal  # (B, t, s)
+            cb = torch.einsum("btn,bsn->bts", c[:, :, grp], b[:, :, grp])
+            y[:, :, head] = torch.einsum("bts,bs,bsp->btp", decay * cb, dt[:, :, head], xs[:, :, head])
+        y = y + xs * sd[m + "D"][:, None]
+        gated = (y.reshape(B, T, 64) * F.silu(z)).view(B, T, G, 32)  # RMSNorm per group, after the gate
+        gated = (gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + 1e-5)).reshape(B, T, 64)
+        x = x + (gated * sd[m + "norm.weight"]) @ sd[m + "out_proj.weight"].T
+    return _rms(x, sd["backbone.norm_f.weight"], 1e-5) @ sd["lm_head.weight"].T
+
+
 def _independent_logits(kind, sd, ids):
+    if kind == "mamba2":
+        return _mamba2_logits(sd, ids)
     x = sd["model.embeddings.weight"][ids]
     B, T, _ = x.shape
     for i in range(L):
@@ -125,14 +188,15 @@ def _independent_logits(kind, sd, ids):
     return _rms(x, sd["model.norm.weight"]) @ sd["lm_head.weight"].T
 
 
-KINDS = ["hgrn2", "delta_net"]
+KINDS = ["mamba2", "hgrn2", "delta_net"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_released_directory_loads_and_computes_the_right_function(tmp_path, kind):
     d, sd = _released_dir(tmp_path, kind)
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
-    assert type(model).__name__ == {"hgrn2": "HGRN2ForCausalLM", "delta_net": "DeltaNetForCausalLM"}[kind]
+    assert type(model).__name__ == {"hgrn2": "HGRN2ForCausalLM", "delta_net": "DeltaNetForCausalLM",
+                                    "mamba2": "Mamba2ForCausalLM"}[kind]
     ids = torch.randint(0, V, (2, 23), generator=torch.Generator().manual_seed(1))
     want = _independent_logits(kind, sd, ids)
     got = model(ids).logits
@@ -246,6 +310,8 @@ def test_errors_name_the_argument(tmp_path):
         fox_models.DeltaNetConfig(use_gate=True)
     with pytest.raises(ValueError, match="use_short_conv"):
         fox_models.HGRN2Config(use_short_conv=True)
+    with pytest.raises(ValueError, match="num_heads \\* head_dim"):
+        fox_models.Mamba2Config(hidden_size=64, num_heads=3, head_dim=64)
     with pytest.raises(ValueError, match="apply_lower_bound"):
         fox_models.HGRN2Config(hidden_size=64, num_heads=2, expand_ratio=16, apply_lower_bound=True)
     d, _ = _released_dir(tmp_path, "delta_net")

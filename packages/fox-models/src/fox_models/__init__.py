@@ -15,6 +15,7 @@ from fox_models.baselines import (
 )
 from fox_models.cache import FoxCache
 from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
+from fox_models.mamba2 import Mamba2Config, Mamba2ForCausalLM, Mamba2Model
 from fox_models.modeling import (
     ForgettingTransformerForCausalLM,
     ForgettingTransformerModel,
@@ -30,6 +31,7 @@ for _config, _model, _lm in (
     (TransformerConfig, TransformerModel, TransformerForCausalLM),
     (HGRN2Config, HGRN2Model, HGRN2ForCausalLM),
     (DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
+    (Mamba2Config, Mamba2Model, Mamba2ForCausalLM),
 ):
     AutoConfig.register(_config.model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
@@ -48,6 +50,9 @@ __all__ = [
     "ForgettingTransformerForCausalLM",
     "ForgettingTransformerModel",
     "JSONGPT2Tokenizer",
+    "Mamba2Config",
+    "Mamba2ForCausalLM",
+    "Mamba2Model",
     "TransformerConfig",
     "TransformerForCausalLM",
     "TransformerModel",

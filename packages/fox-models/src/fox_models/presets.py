@@ -1,7 +1,7 @@
 """Named configs for every model and size of the paper (FOX.md section 5).
 
 ``get_preset("fox-pro-760m")`` returns a config; ``PRESETS`` lists the names (FoX Pro/LLaMA and
-Transformer Pro/LLaMA at 125M, 360M and 760M; the recurrent baselines HGRN2 and DeltaNet at 760M).
+Transformer Pro/LLaMA at 125M, 360M and 760M; the recurrent baselines Mamba-2, HGRN2 and DeltaNet at 760M).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def _build(family: str, size: str, **overrides):
 
 def _baselines():
     from fox_models.baselines import DeltaNetConfig, HGRN2Config
+    from fox_models.mamba2 import Mamba2Config
 
     common = dict(vocab_size=GPT2_VOCAB, hidden_size=1536, num_hidden_layers=24, hidden_ratio=4,
                   bos_token_id=GPT2_EOT, eos_token_id=GPT2_EOT, max_position_embeddings=16384)
@@ -44,10 +45,14 @@ def _baselines():
         "hgrn2-760m": (HGRN2Config, dict(common, num_heads=12, expand_ratio=128)),
         # 12 heads of 128, short convolutions of 4, L2 q/k norm, SiLU, beta, output norm
         "delta_net-760m": (DeltaNetConfig, dict(common, num_heads=12, conv_size=4)),
+        # 48 layers, 48 heads of 64, state 128, expand 2, one group, chunk 256
+        "mamba2-760m": (Mamba2Config, dict(vocab_size=GPT2_VOCAB, hidden_size=1536, num_hidden_layers=48,
+                                           num_heads=48, head_dim=64, state_size=128, expand=2, n_groups=1,
+                                           chunk_size=256, bos_token_id=GPT2_EOT, eos_token_id=GPT2_EOT)),
     }
 
 
-BASELINE_PRESETS = ["hgrn2-760m", "delta_net-760m"]
+BASELINE_PRESETS = ["mamba2-760m", "hgrn2-760m", "delta_net-760m"]
 PRESETS = [f"{family}-{size}" for family in FAMILIES for size in SIZES] + BASELINE_PRESETS
 
 

@@ -82,14 +82,15 @@ def delta_rule(q, k, v, beta, scale, state=None):
     return delta_rule_recurrence(q, k, v, beta, scale, state)
 
 
-def short_conv(x, weight, state=None, activation: bool = True):
-    """Causal depthwise convolution over time: x (B, T, C), weight (C, 1, W); state (B, W-1, C), the
-    last W-1 inputs before x (zeros at the start). Returns (y, new state)."""
+def short_conv(x, weight, state=None, activation: bool = True, bias=None):
+    """Causal depthwise convolution over time: x (B, T, C), weight (C, 1, W), optional bias (C,); state
+    (B, W-1, C), the last W-1 inputs before x (zeros at the start). Returns (y, new state)."""
     W = weight.shape[-1]
     B, T, C = x.shape
     prev = x.new_zeros(B, W - 1, C) if state is None else state.to(x.dtype)
     full = torch.cat([prev, x], dim=1)  # (B, W-1+T, C)
-    y = F.conv1d(full.transpose(1, 2), weight.to(x.dtype), groups=C).transpose(1, 2)
+    y = F.conv1d(full.transpose(1, 2), weight.to(x.dtype), None if bias is None else bias.to(x.dtype),
+                 groups=C).transpose(1, 2)
     if activation:
         y = F.silu(y)
     return y, full[:, -(W - 1):] if W > 1 else full[:, :0]
