@@ -79,6 +79,31 @@ def test_twenty_step_cpu_run_writes_everything(tmp_path):
     assert torch.equal(a(ids).logits, b(ids).logits)
 
 
+@pytest.mark.parametrize("preset", ["mamba2-tiny", "hgrn2-tiny", "delta_net-tiny"])
+def test_recurrent_baselines_train_and_export(tmp_path, preset):
+    main([f"out_dir={tmp_path}", "run_name=r", f"model={preset}", "schedule.total_tokens=2048", "eval_every=4",
+          "checkpoint_every=8", "data.seq_len=32", "micro_batch_size=4", "global_batch_tokens=256",
+          "schedule.warmup_tokens=256", "eval_sequences=2", "optimizer.lr=0.01"])
+    run = tmp_path / "r"
+    held = [r["heldout_loss"] for r in _records(run) if "heldout_loss" in r]
+    assert len(held) >= 2 and held[-1] < held[0]
+    model = AutoModelForCausalLM.from_pretrained(run / "hf")
+    assert type(model).__name__ == {"mamba2-tiny": "Mamba2ForCausalLM", "hgrn2-tiny": "HGRN2ForCausalLM",
+                                    "delta_net-tiny": "DeltaNetForCausalLM"}[preset]
+
+
+def test_baseline_ssm_parameters_get_no_weight_decay():
+    from fox_train.train import param_groups
+
+    model = fox_models.Mamba2ForCausalLM(fox_models.Mamba2Config(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_heads=4, head_dim=16, state_size=8, n_groups=1))
+    decay, rest = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)].rsplit(".", 1)[-1] for p in rest["params"]} >= {"A_log", "D", "dt_bias", "bias", "weight"}
+    assert all(names[id(p)].endswith("weight") for p in decay["params"])
+    assert "backbone.layers.0.mixer.norm.weight" in {names[id(p)] for p in rest["params"]}
+
+
 def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     args = [f"out_dir={tmp_path}", "schedule.total_tokens=10240", "checkpoint_every=4", "keep_last=3", "eval_every=1000",
             "log_every=1", *SMALL]

@@ -134,6 +134,10 @@ TINY = {
     "fox-pro-tiny": ("fox-pro-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4)),
     "fox-llama-tiny": ("fox-llama-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4)),
     "transformer-llama-tiny": ("transformer-llama-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2)),
+    # the recurrent baselines (a PyTorch recurrence on the CPU: slow, for smoke runs)
+    "mamba2-tiny": ("mamba2-760m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4, head_dim=64, state_size=16)),
+    "hgrn2-tiny": ("hgrn2-760m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2, expand_ratio=64)),
+    "delta_net-tiny": ("delta_net-760m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2)),
 }
 
 

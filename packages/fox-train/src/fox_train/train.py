@@ -49,13 +49,16 @@ def lr_at(tokens: int, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices and embeddings; none on biases, norm weights and bias-only gates."""
+    """Weight decay on matrices and embeddings; none on biases, norm weights and bias-only gates, nor on
+    the recurrent baselines' per-head SSM parameters (Mamba-2 A_log, D, dt_bias) and HGRN2 lower bounds."""
+    from fox_models.mamba2 import GatedRMSNorm
+
     no_decay = set()
     for module in model.modules():
-        if isinstance(module, (RMSNorm, GroupRMSNorm)):
+        if isinstance(module, (RMSNorm, GroupRMSNorm, GatedRMSNorm)):
             no_decay.update(id(p) for p in module.parameters(recurse=False))
     for name, p in model.named_parameters():
-        if name.endswith(".bias") or name.endswith("fgate_bias"):
+        if name.endswith((".bias", "fgate_bias", ".A_log", ".D", ".dt_bias", "lower_bounds")):
             no_decay.add(id(p))
     decay = [p for p in model.parameters() if id(p) not in no_decay]
     rest = [p for p in model.parameters() if id(p) in no_decay]
