@@ -249,21 +249,11 @@ def test_cached_generation_equals_full_recompute(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path, kind):
+def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path, kind, check_left_padded_generation):
     d, _ = _released_dir(tmp_path, kind)
     model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64)
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, V, (n,), generator=g) for n in (4, 9, 6)]
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(3, width, dtype=torch.long)
-    mask = torch.zeros(3, width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
-    batch = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
-    for i, p in enumerate(prompts):
-        alone = model.generate(p[None], max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert torch.equal(batch[i, width:], alone[0, len(p):]), (kind, i)
+    check_left_padded_generation(model, [torch.randint(3, V, (n,), generator=g) for n in (4, 9, 6)], 8)
 
 
 def test_hgrn2_lower_bound_when_applied(tmp_path):

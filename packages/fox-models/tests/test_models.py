@@ -191,21 +191,11 @@ def test_cached_generation_equals_full_recompute(tmp_path, variant):
     assert sampled.shape == (1, 17) and torch.equal(sampled[:, :9], prompt)
 
 
-def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path):
+def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path, check_left_padded_generation):
     d, _, _ = _published_dir(tmp_path, "fox-pro")
     model = AutoModelForCausalLM.from_pretrained(d)
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, V, (n,), generator=g) for n in (4, 11, 7)]
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(3, width, dtype=torch.long)
-    mask = torch.zeros(3, width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
-    batch = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
-    for i, p in enumerate(prompts):
-        alone = model.generate(p[None], max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
-        assert torch.equal(batch[i, width:], alone[0, len(p):]), i
+    check_left_padded_generation(model, [torch.randint(3, V, (n,), generator=g) for n in (4, 11, 7)], 10)
 
 
 def test_right_padding_is_refused(tmp_path):

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fox_layers import RMSNorm
+from fox_models.cache import LayerCache
 from fox_models.compat import ConfigBase
 from fox_models.recurrent_ops import delta_rule, gated_linear_attention, l2_normalize, short_conv
 
@@ -174,21 +175,10 @@ class RecurrentState:
         self.tensors = {k: t.index_select(0, index.to(t.device)) for k, t in self.tensors.items()}
 
 
-class RecurrentCache:
+class RecurrentCache(LayerCache):
     """Per-layer states of a recurrent model (fixed size, whatever the context length)."""
 
-    def __init__(self, num_layers: int):
-        self.layers = [RecurrentState() for _ in range(num_layers)]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.layers[layer_idx].length
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        for state in self.layers:
-            state.reorder(beam_idx)
+    state_cls = RecurrentState
 
 
 def _real_tokens(seq_start, past, B, T, device):
@@ -312,7 +302,7 @@ class RecurrentBlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
-    def forward(self, x, real=None, state=None, lower_bound=None):
+    def forward(self, x, real=None, lower_bound=None, state=None):
         x = x + self.attn(self.attn_norm(x), real=real, state=state, lower_bound=lower_bound)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -321,9 +311,8 @@ class RecurrentBlock(nn.Module):
 # Models (the LM head, loss convention and generation plumbing are FoX's)
 
 from transformers import initialization as init  # noqa: E402
-from transformers.modeling_outputs import BaseModelOutputWithPast  # noqa: E402
 
-from fox_models.modeling import _FoxForCausalLMBase, _FoxPreTrainedBase, seq_start_from_mask  # noqa: E402
+from fox_models.modeling import _FoxForCausalLMBase, _FoxPreTrainedBase  # noqa: E402
 
 
 class _RecurrentInit:
@@ -339,6 +328,8 @@ class _RecurrentInit:
 
 
 class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
+    """Embeddings, recurrent blocks, final norm; blocks are called ``block(x, real, state, lower_bound)``."""
+
     def __init__(self, config):
         super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -348,12 +339,6 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
         self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
 
     def new_cache(self):
         return RecurrentCache(len(self.layers))
@@ -372,38 +357,15 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
         if cu_seqlens is not None:
             raise ValueError("cu_seqlens (packed sequences) is not supported by the recurrent baselines; "
                              "pass a left-padded batch with attention_mask")
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-        B, T = x.shape[:2]
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        cache = past_key_values
-        if use_cache and cache is None:
-            cache = self.new_cache()
-        past = 0 if cache is None else cache.get_seq_length()
-        real = None
-        if attention_mask is not None:
-            if attention_mask.dim() == 2 and attention_mask.shape[1] != past + T:
-                raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, expected cache {past} + new {T}")
-            real = _real_tokens(seq_start_from_mask(attention_mask), past, B, T, x.device)
-        hidden_states = [] if output_hidden_states else None
-        for i, (block, lb) in enumerate(zip(self.layers, self._lower_bounds())):
-            if hidden_states is not None:
-                hidden_states.append(x)
-            state = None if cache is None else cache.layers[i]
-            if self.gradient_checkpointing and self.training:
-                x = self._gradient_checkpointing_func(block.__call__, x, real, state, lb)
-            else:
-                x = block(x, real, state, lb)
+        x, cache, past, seq_start, use_cache, output_hidden_states = self._start(
+            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
+        real = _real_tokens(seq_start, past, x.shape[0], x.shape[1], x.device)
+        bounds = self._lower_bounds()
+        x, hidden = self._run_blocks(x, cache, output_hidden_states, lambda i: (real, bounds[i]))
         if cache is not None:
             for state in cache.layers:
-                state.length += T
-        x = self.norm(x)
-        if hidden_states is not None:
-            hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache if use_cache else None,
-                                       hidden_states=tuple(hidden_states) if hidden_states is not None else None)
+                state.length += x.shape[1]
+        return self._finish(x, hidden, cache, use_cache)
 
 
 class HGRN2PreTrainedModel(_RecurrentInit, _FoxPreTrainedBase):

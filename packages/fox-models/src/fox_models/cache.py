@@ -7,11 +7,13 @@ import torch
 from fox_layers import AttentionState
 
 
-class FoxCache:
-    """K, V, gate prefix sums and token-shift states of every layer, plus the batch's left padding."""
+class LayerCache:
+    """One state object per layer (``state_cls``), each with ``length`` and ``reorder(index)``."""
+
+    state_cls = AttentionState
 
     def __init__(self, num_layers: int):
-        self.layers = [AttentionState() for _ in range(num_layers)]
+        self.layers = [self.state_cls() for _ in range(num_layers)]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.layers[layer_idx].length
@@ -22,3 +24,7 @@ class FoxCache:
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         for state in self.layers:
             state.reorder(beam_idx)
+
+
+class FoxCache(LayerCache):
+    """K, V, gate prefix sums and token-shift states of every layer, plus the batch's left padding."""

@@ -17,12 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from fox_layers import RMSNorm
-from fox_models.baselines import RecurrentCache, RecurrentState, _real_tokens, _RecurrentInit
+from fox_models.baselines import RecurrentState, _RecurrentBackbone, _RecurrentInit
 from fox_models.compat import ConfigBase
-from fox_models.modeling import _FoxForCausalLMBase, _FoxPreTrainedBase, seq_start_from_mask
+from fox_models.modeling import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.recurrent_ops import gated_linear_attention, short_conv
 
 
@@ -174,7 +173,7 @@ class Mamba2Block(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.mixer = Mamba2Mixer(config)
 
-    def forward(self, x, real=None, state=None):
+    def forward(self, x, real=None, lower_bound=None, state=None):
         h = self.norm(x.to(self.norm.weight.dtype))
         residual = x.float() if self.residual_in_fp32 and x.dtype in (torch.float16, torch.bfloat16) else x
         return residual + self.mixer(h, real=real, state=state)  # the residual stream stays in float32
@@ -205,62 +204,23 @@ class Mamba2PreTrainedModel(_Mamba2Init, _FoxPreTrainedBase):
     base_model_prefix = "backbone"
 
 
-class Mamba2Model(Mamba2PreTrainedModel):
+class Mamba2Model(_Mamba2Init, _RecurrentBackbone):
+    """The released names: ``embeddings``, ``layers`` (norm + mixer), ``norm_f``; the forward is the
+    recurrent baselines' (left padding, cache, gradient checkpointing)."""
+
+    config_class = Mamba2Config
+    base_model_prefix = "backbone"
+
     def __init__(self, config: Mamba2Config):
-        super().__init__(config)
+        PreTrainedModel.__init__(self, config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([Mamba2Block(config) for _ in range(config.num_hidden_layers)])
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
-
-    def new_cache(self):
-        return RecurrentCache(len(self.layers))
-
-    def forward(self, input_ids=None, attention_mask=None, past_key_values: RecurrentCache | None = None,
-                inputs_embeds=None, use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                cu_seqlens=None, return_dict: bool | None = None, **kwargs):
-        if cu_seqlens is not None:
-            raise ValueError("cu_seqlens (packed sequences) is not supported by Mamba-2 here; "
-                             "pass a left-padded batch with attention_mask")
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-        B, T = x.shape[:2]
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        cache = past_key_values
-        if use_cache and cache is None:
-            cache = self.new_cache()
-        past = 0 if cache is None else cache.get_seq_length()
-        real = None
-        if attention_mask is not None:
-            if attention_mask.dim() == 2 and attention_mask.shape[1] != past + T:
-                raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, expected cache {past} + new {T}")
-            real = _real_tokens(seq_start_from_mask(attention_mask), past, B, T, x.device)
-        hidden_states = [] if output_hidden_states else None
-        for i, block in enumerate(self.layers):
-            if hidden_states is not None:
-                hidden_states.append(x)
-            state = None if cache is None else cache.layers[i]
-            if self.gradient_checkpointing and self.training:
-                x = self._gradient_checkpointing_func(block.__call__, x, real, state)
-            else:
-                x = block(x, real, state)
-        if cache is not None:
-            for state in cache.layers:
-                state.length += T
-        x = self.norm_f(x.to(self.embeddings.weight.dtype))
-        if hidden_states is not None:
-            hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache if use_cache else None,
-                                       hidden_states=tuple(hidden_states) if hidden_states is not None else None)
+    def final_norm(self, x):
+        return self.norm_f(x.to(self.embeddings.weight.dtype))  # the residual stream ran in float32
 
 
 class Mamba2ForCausalLM(_Mamba2Init, _FoxForCausalLMBase):

@@ -75,6 +75,56 @@ class _FoxPreTrainedBase(PreTrainedModel):
     _no_split_modules = ["FoxBlock"]
     _supports_sdpa = True
 
+    def get_input_embeddings(self):  # backbones; the LM classes override both
+        return self.embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings = value
+
+    # The backbones' forward in three parts, shared by FoX, the Transformer and the recurrent baselines.
+    def _start(self, input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states):
+        """-> (embedded x, cache or None, cached length, seq_start (left padding) or None, use_cache,
+        output_hidden_states)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        cache = past_key_values
+        if use_cache and cache is None:
+            cache = self.new_cache()
+        past = 0 if cache is None else cache.get_seq_length()
+        seq_start = None
+        if attention_mask is not None:
+            if past > 0 and attention_mask.dim() == 2 and attention_mask.shape[1] != past + x.shape[1]:
+                raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, expected cache {past} "
+                                 f"+ new {x.shape[1]}")
+            seq_start = seq_start_from_mask(attention_mask)
+        return x, cache, past, seq_start, use_cache, output_hidden_states
+
+    def _run_blocks(self, x, cache, output_hidden_states, extra):
+        """x through ``self.layers``; block i is called ``block(x, *extra(i), state_i)``."""
+        hidden = [] if output_hidden_states else None
+        for i, block in enumerate(self.layers):
+            if hidden is not None:
+                hidden.append(x)
+            args = (x, *extra(i), None if cache is None else cache.layers[i])
+            if self.gradient_checkpointing and self.training:
+                x = self._gradient_checkpointing_func(block.__call__, *args)
+            else:
+                x = block(*args)
+        return x, hidden
+
+    def final_norm(self, x):
+        return self.norm(x)
+
+    def _finish(self, x, hidden, cache, use_cache):
+        x = self.final_norm(x)
+        if hidden is not None:
+            hidden.append(x)
+        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache if use_cache else None,
+                                       hidden_states=tuple(hidden) if hidden is not None else None)
+
     def _init_weights(self, module):
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
@@ -100,12 +150,6 @@ class _FoxBackbone(_FoxPreTrainedBase):
         self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings = value
-
     def new_cache(self):
         return FoxCache(len(self.layers))
 
@@ -121,38 +165,10 @@ class _FoxBackbone(_FoxPreTrainedBase):
         return_dict: bool | None = None,
         **kwargs,
     ):
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        cache = past_key_values
-        if use_cache and cache is None:
-            cache = self.new_cache()
-        past = 0 if cache is None else cache.get_seq_length()
-        seq_start = None
-        if attention_mask is not None:
-            if past > 0:
-                width = attention_mask.shape[1]
-                if width != past + x.shape[1]:
-                    raise ValueError(f"attention_mask covers {width} tokens, expected cache {past} + new {x.shape[1]}")
-            seq_start = seq_start_from_mask(attention_mask)
-        hidden_states = [] if output_hidden_states else None
-        for i, block in enumerate(self.layers):
-            if hidden_states is not None:
-                hidden_states.append(x)
-            state = None if cache is None else cache.layers[i]
-            if self.gradient_checkpointing and self.training:
-                x = self._gradient_checkpointing_func(block.__call__, x, seq_start, cu_seqlens, state)
-            else:
-                x = block(x, seq_start, cu_seqlens, state)
-        x = self.norm(x)
-        if hidden_states is not None:
-            hidden_states.append(x)
-        return BaseModelOutputWithPast(
-            last_hidden_state=x, past_key_values=cache if use_cache else None,
-            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
-        )
+        x, cache, _, seq_start, use_cache, output_hidden_states = self._start(
+            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
+        x, hidden = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, cu_seqlens))
+        return self._finish(x, hidden, cache, use_cache)
 
 
 class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
