@@ -73,3 +73,74 @@ def test_preallocated_cache_with_per_row_lengths(device_dtype, Tq):
                                        seq_start=seq_start[b : b + 1])[:, L - Tq :]
         tol = 1e-4 if dtype == torch.float32 else 3e-2
         torch.testing.assert_close(out[b : b + 1].double().cpu(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device_dtype", DEVICES)
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_cache_equals_contiguous_decoding(device_dtype, page_size):
+    """Pages in a shuffled pool, rows of different lengths, GQA, left padding, prefill then steps: the
+    paged cache gives what the float64 reference gives on the same tokens."""
+    device, dtype = device_dtype
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fox_kernel import append_to_paged_cache
+
+    B, H, Hkv, D = 3, 4, 2, 32
+    lengths, seq_start = [70, 33, 51], torch.tensor([0, 6, 0])
+    g = torch.Generator().manual_seed(4)
+    T = max(lengths)
+    q = torch.randn(B, T, H, D, generator=g)
+    k = torch.randn(B, T, Hkv, D, generator=g)
+    v = torch.randn(B, T, Hkv, D, generator=g)
+    lf = random_log_fgate((B, T, H), generator=g)
+    per_row = -(-T // page_size) + 1
+    pool = torch.randperm(B * per_row, generator=g).to(torch.int32)
+    table = pool.view(B, per_row).to(device)
+    n_pages = B * per_row
+    kc = torch.zeros(n_pages, page_size, Hkv, D, dtype=dtype, device=device)
+    vc, cc = torch.zeros_like(kc), torch.zeros(n_pages, page_size, H, device=device)
+    lens = torch.zeros(B, dtype=torch.int32, device=device)
+    to = lambda x: x.to(device)
+    starts = to(seq_start)
+    # prefill the first 20 tokens of every row, then one token at a time up to each row's length
+    lens = append_to_paged_cache(kc, vc, cc, table, lens, to(k[:, :20]).to(dtype), to(v[:, :20]).to(dtype),
+                                 to(lf[:, :20]), seq_start=starts)
+    out = forgetting_attention_with_kvcache(to(q[:, :20]).to(dtype), kc, vc, cc, lens, seq_start=starts,
+                                            block_table=table)
+    for b in range(B):
+        ref = forgetting_attention_ref(q[b:b + 1, :20].double(), k[b:b + 1, :20].double(), v[b:b + 1, :20].double(),
+                                       lf[b:b + 1, :20].double(), seq_start=seq_start[b:b + 1])
+        rows = slice(seq_start[b].item(), 20)
+        torch.testing.assert_close(out[b:b + 1, rows].double().cpu(), ref[:, rows], rtol=2e-2, atol=2e-2)
+    for t in range(20, T):
+        live = torch.tensor([t < n for n in lengths])
+        idx = live.nonzero()[:, 0]
+        sub_table, sub_lens, sub_starts = table[to(idx)], lens[to(idx)], starts[to(idx)]
+        new_lens = append_to_paged_cache(kc, vc, cc, sub_table, sub_lens, to(k[idx, t:t + 1]).to(dtype),
+                                         to(v[idx, t:t + 1]).to(dtype), to(lf[idx, t:t + 1]), seq_start=sub_starts)
+        lens[to(idx)] = new_lens
+        step = forgetting_attention_with_kvcache(to(q[idx, t:t + 1]).to(dtype), kc, vc, cc, new_lens,
+                                                 seq_start=sub_starts, block_table=sub_table)
+        if t % 9 == 0 or t == T - 1:
+            for j, b in enumerate(idx.tolist()):
+                ref = forgetting_attention_ref(q[b:b + 1, :t + 1].double(), k[b:b + 1, :t + 1].double(),
+                                               v[b:b + 1, :t + 1].double(), lf[b:b + 1, :t + 1].double(),
+                                               seq_start=seq_start[b:b + 1])
+                torch.testing.assert_close(step[j].double().cpu(), ref[0, t:t + 1], rtol=2e-2, atol=2e-2)
+    assert lens.tolist() == lengths
+
+
+def test_paged_cache_errors_name_the_argument():
+    from fox_kernel import append_to_paged_cache
+
+    kc = torch.zeros(4, 8, 1, 16)
+    cc = torch.zeros(4, 8, 2)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    q = torch.randn(2, 1, 2, 16)
+    with pytest.raises(ValueError, match="cache_seqlens is required"):
+        forgetting_attention_with_kvcache(q, kc, kc, cc, block_table=table)
+    with pytest.raises(ValueError, match="block_table must be int32"):
+        forgetting_attention_with_kvcache(q, kc, kc, cc, torch.ones(2, dtype=torch.int32), block_table=table.long())
+    with pytest.raises(ValueError, match="block_table holds 16 tokens"):
+        append_to_paged_cache(kc, kc.clone(), cc, table, torch.tensor([10, 0], dtype=torch.int32),
+                              torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 2))

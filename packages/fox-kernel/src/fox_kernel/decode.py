@@ -5,7 +5,9 @@ over it. The cache here is a set of plain tensors grown by ``append_to_cache``:
 
     k_cache, v_cache: (B, T, Hkv, D)   c_cache: (B, T, H) float32   (T = tokens cached so far)
 
-Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. On CUDA
+Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. They may
+also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pages per row) of page
+indices, filled by ``append_to_paged_cache``. On CUDA
 (and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton_decode.py``); otherwise a
 PyTorch implementation, chunked over queries so a long chunked prefill never holds more than
 (B, H, chunk, T) scores.
@@ -18,6 +20,12 @@ import torch
 from fox_kernel.ops import checks
 
 _CHUNK_ELEMENTS = 1 << 26
+
+
+def _interpreting() -> bool:
+    from fox_kernel.ops.triton_attention import interpreting
+
+    return interpreting()
 
 
 def append_to_cache(
@@ -50,6 +58,54 @@ def append_to_cache(
     return (torch.cat([k_cache, k_new], dim=1), torch.cat([v_cache, v_new], dim=1), torch.cat([c_cache, c_new], dim=1))
 
 
+def append_to_paged_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    c_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    log_fgate_new: torch.Tensor,
+    seq_start: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Write new tokens into a paged cache in place and return the new ``cache_seqlens``.
+
+    k_cache, v_cache (num_pages, page_size, Hkv, D); c_cache (num_pages, page_size, H) float32;
+    block_table (B, pages per row) int32; cache_seqlens (B,) int32 tokens already cached per row;
+    k_new, v_new (B, Tn, Hkv, D); log_fgate_new (B, Tn, H) float32.
+    """
+    if log_fgate_new.dtype != torch.float32:
+        raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
+    B, Tn = k_new.shape[:2]
+    page_size = k_cache.shape[1]
+    lens = cache_seqlens.long()
+    pos = lens[:, None] + torch.arange(Tn, device=k_new.device)[None, :]  # (B, Tn)
+    capacity = block_table.shape[1] * page_size
+    if pos.numel() and int(pos.max()) >= capacity:
+        raise ValueError(f"block_table holds {capacity} tokens per row; appending {Tn} to lengths "
+                         f"{cache_seqlens.tolist()} does not fit")
+    page = torch.gather(block_table.long(), 1, pos // page_size)
+    slot = pos % page_size
+    g = log_fgate_new
+    if seq_start is not None:
+        g = g * (pos >= seq_start[:, None].long()).to(g.dtype)[..., None]
+    prev_page = torch.gather(block_table.long(), 1, ((lens - 1).clamp_min(0) // page_size)[:, None])[:, 0]
+    c_prev = c_cache[prev_page, (lens - 1).clamp_min(0) % page_size].double()
+    c_prev = torch.where((lens > 0)[:, None], c_prev, torch.zeros_like(c_prev))
+    c_new = (torch.cumsum(g.double(), dim=1) + c_prev[:, None]).float()
+    k_cache[page, slot] = k_new.to(k_cache.dtype)
+    v_cache[page, slot] = v_new.to(v_cache.dtype)
+    c_cache[page, slot] = c_new
+    return (cache_seqlens + Tn).to(torch.int32)
+
+
+def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """(num_pages, page_size, ...) pages -> (B, pages per row * page_size, ...) in row order."""
+    pages = x[block_table.long()]  # (B, P, page_size, ...)
+    return pages.reshape(pages.shape[0], -1, *x.shape[2:])
+
+
 def forgetting_attention_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -59,35 +115,52 @@ def forgetting_attention_with_kvcache(
     *,
     seq_start: torch.Tensor | None = None,
     sm_scale: float | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the newest ``Tq`` tokens (already appended) over the cache.
 
     q: (B, Tq, H, D), end-aligned with each row's valid length L_b (``cache_seqlens``, default the
     cache's length T): query i sits at cache position L_b - Tq + i. Returns (B, Tq, H, D) in q's dtype;
-    rows of padding positions return 0.
+    rows of padding positions return 0. With ``block_table`` (B, pages per row) int32 the caches are
+    paged, (num_pages, page_size, Hkv, D) and (num_pages, page_size, H), and ``cache_seqlens`` is required.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
         checks.require_tensor(name, x)
     B, Tq, H, D = q.shape
-    T, Hkv = k_cache.shape[1], k_cache.shape[2]
+    paged = None
+    if block_table is not None:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+            raise ValueError(f"block_table must be int32 of shape ({B}, pages per row), got {block_table.dtype} "
+                             f"{tuple(block_table.shape)}")
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is required with block_table (the valid tokens of each row)")
+        if c_cache.shape[:2] != k_cache.shape[:2] or v_cache.shape != k_cache.shape:
+            raise ValueError(f"paged caches must share (num_pages, page_size): k {tuple(k_cache.shape)}, "
+                             f"v {tuple(v_cache.shape)}, c {tuple(c_cache.shape)}")
+        paged = block_table
+        # the checks below and the CPU path see the rows as contiguous caches
+        if not ((q.is_cuda or _interpreting()) and q.dtype != torch.float64):
+            k_cache, v_cache, c_cache = (_gather_pages(x, block_table) for x in (k_cache, v_cache, c_cache))
+            paged = None
+    T = k_cache.shape[1] * (paged.shape[1] if paged is not None else 1)
+    Hkv = k_cache.shape[2]
     if Tq > T:
         raise ValueError(f"q has {Tq} tokens but the cache holds only {T}; append them first")
-    if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (B, T, H):
+    if paged is None and (c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (B, T, H)):
         raise ValueError(f"c_cache must be float32 of shape {(B, T, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
     if H % Hkv != 0:
         raise ValueError(f"q's {H} heads must be a multiple of the cache's heads, got Hkv={Hkv}")
     if cache_seqlens is not None and (tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32):
         raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
     scale = D**-0.5 if sm_scale is None else sm_scale
-    from fox_kernel.ops.triton_attention import interpreting
-
-    if (q.is_cuda or interpreting()) and q.dtype != torch.float64:
+    if (q.is_cuda or _interpreting()) and q.dtype != torch.float64:
         from fox_kernel.ops.triton_decode import triton_decode
 
         lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
         starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
-        return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale)
+        table = None if paged is None else paged.contiguous()
+        return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = H // Hkv
     kh = k_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)  # (B, H, T, D)

@@ -3,6 +3,9 @@
 One program takes one key/value head of one sequence and one slice of the cache, and serves every query
 head of the GQA group and every new token at once (rows = group x new tokens), so K and V are read once
 per group. The slices' partial results (unnormalised output, running max and sum) are merged afterwards.
+
+Paged caches (``block_table``): K, V and c live in pages (num_pages, page_size, ...); token j of row b is
+at page ``block_table[b, j // page_size]``, slot ``j % page_size``. Rows are then gathered per key.
 """
 
 from __future__ import annotations
@@ -15,15 +18,25 @@ from fox_kernel.ops.triton_attention import LOG2E, interpreting
 
 
 @triton.jit
+def _cache_offsets(b, kn, mask, BT, stride_btb, page_size, stride_b, stride_t, PAGED: tl.constexpr):
+    """Element offsets of cache positions kn of sequence b: b * stride_b + kn * stride_t, or, paged,
+    page * stride_b + slot * stride_t with page = BT[b, kn // page_size], slot = kn % page_size."""
+    if PAGED:
+        page = tl.load(BT + b * stride_btb + kn // page_size, mask=mask, other=0).to(tl.int64)
+        return page * stride_b + (kn % page_size).to(tl.int64) * stride_t
+    return b * stride_b + kn.to(tl.int64) * stride_t
+
+
+@triton.jit
 def _decode_kernel(
-    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT,
+    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_cb, stride_ct,
     B, HKV, TQ, Q0, ROWS, D, sm_scale2, split_len,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -45,8 +58,8 @@ def _decode_kernel(
     bq = b.to(tl.int64)
     q = tl.load(Q + bq * stride_qb + i[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                 mask=valid[:, None] & mask_d[None, :], other=0.0)
-    c_base = C + bq * stride_cb
-    c_q = tl.load(c_base + pos.to(tl.int64) * stride_ct + h, mask=valid, other=0.0)
+    c_q = tl.load(C + _cache_offsets(bq, pos, valid, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED) + h,
+                  mask=valid, other=0.0)
 
     start = tl.maximum(pid_s * split_len, (s0 // BLOCK_N) * BLOCK_N)
     end = tl.minimum(pid_s * split_len + split_len, length)
@@ -58,11 +71,11 @@ def _decode_kernel(
         kn = n0 + offs_n
         mask_n = kn < end
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + bq * stride_kb + kn[:, None].to(tl.int64) * stride_kt + hk * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        k_off = _cache_offsets(bq, kn, mask_n, BT, stride_btb, page_size, stride_kb, stride_kt, PAGED)
+        k = tl.load(K + k_off[:, None] + hk * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
-        c_k = tl.load(c_base + kn[None, :].to(tl.int64) * stride_ct + h[:, None],
-                      mask=valid[:, None] & mask_n[None, :], other=0.0)
+        c_off = _cache_offsets(bq, kn, mask_n, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED)
+        c_k = tl.load(C + c_off[None, :] + h[:, None], mask=valid[:, None] & mask_n[None, :], other=0.0)
         s += (c_q[:, None] - c_k) * 1.4426950408889634
         keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
         s = tl.where(keep, s, float("-inf"))
@@ -70,8 +83,8 @@ def _decode_kernel(
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + bq * stride_vb + kn[:, None].to(tl.int64) * stride_vt + hk * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        v_off = _cache_offsets(bq, kn, mask_n, BT, stride_btb, page_size, stride_vb, stride_vt, PAGED)
+        v = tl.load(V + v_off[:, None] + hk * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
@@ -87,10 +100,13 @@ def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
     return max(1, min(triton.cdiv(2 * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
 
 
-def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale):
-    """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32."""
+def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None):
+    """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
+    With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...)."""
     B, Tq, H, D = q.shape
-    Tmax, Hkv = k_cache.shape[1], k_cache.shape[2]
+    Hkv = k_cache.shape[2]
+    page_size = k_cache.shape[1]
+    Tmax = page_size * block_table.shape[1] if block_table is not None else k_cache.shape[1]
     group = H // Hkv
     block_d = max(16, triton.next_power_of_2(D))
     block_n = 16 if interpreting() or not q.is_cuda else 64
@@ -106,10 +122,13 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
         lsum = torch.empty_like(m)
         _decode_kernel[(splits, B * Hkv)](
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
+            cache_seqlens if block_table is None else block_table, 0 if block_table is None else block_table.stride(0),
+            page_size,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
             B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, split_len,
             GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
+            PAGED=block_table is not None,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
