@@ -144,3 +144,53 @@ def test_paged_cache_errors_name_the_argument():
     with pytest.raises(ValueError, match="block_table holds 16 tokens"):
         append_to_paged_cache(kc, kc.clone(), cc, table, torch.tensor([10, 0], dtype=torch.int32),
                               torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 2))
+
+
+@pytest.mark.parametrize("device_dtype", DEVICES)
+def test_decode_pruning_of_cache_tiles(device_dtype):
+    """Fast gates and a long cache: skipping decayed tiles stays within the weight bound; a loose threshold
+    really skips (the output changes), and slow gates skip nothing."""
+    device, dtype = device_dtype
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fox_kernel.ops.triton_attention import interpreting
+
+    if device == "cpu" and not interpreting():
+        pytest.skip("pruning is a feature of the Triton kernel (CUDA or the interpreter)")
+    B, T, H, Hkv, D = 2, 400, 4, 2, 32
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(B, 2, H, D, generator=g).to(device, dtype)
+    k = torch.randn(B, T, Hkv, D, generator=g).to(device, dtype)
+    v = torch.randn(B, T, Hkv, D, generator=g).to(device, dtype)
+    for speed in ("fast", "slow"):
+        lf = random_log_fgate((B, T, H), speed=speed, generator=g).to(device)
+        _, _, c = append_to_cache(None, None, None, k, v, lf)
+        exact = forgetting_attention_with_kvcache(q, k, v, c)
+        # the bound with eps = e^-10: -(2 max|q| max|k| scale + ln T) - 10
+        u = q.float().norm(dim=-1).amax() * k.float().norm(dim=-1).amax() * D**-0.5
+        bound = float(-(2 * u + torch.log(torch.tensor(float(T)))) - 10)
+        pruned = forgetting_attention_with_kvcache(q, k, v, c, adaptive_threshold=bound)
+        tol = 2 * torch.exp(torch.tensor(-10.0)).item() * v.abs().max().item() + (1e-5 if dtype == torch.float32 else 2e-2)
+        assert (pruned.float() - exact.float()).abs().max().item() <= tol, speed
+        # a loose threshold: the kernel must drop exactly the leading tiles the rule names, per (row, KV head)
+        thr, block_n = -0.05, (16 if interpreting() else 64)
+        loose = forgetting_attention_with_kvcache(q, k, v, c, adaptive_threshold=thr)
+        cd, group, skipped = c.double().cpu(), H // Hkv, []
+        for b in range(B):
+            for hk in range(Hkv):
+                heads = list(range(hk * group, (hk + 1) * group))
+                c_q = cd[b, T - 2:, heads]  # (2 queries, group)
+                j0 = 0
+                while j0 < T and (c_q - cd[b, min(j0 + block_n, T) - 1, heads]).max() < thr:
+                    j0 += block_n
+                for i in range(2):
+                    pos = T - 2 + i
+                    for h in heads:
+                        s_ = (q[b, i, h].double().cpu() @ k[b, j0:pos + 1, hk].double().cpu().T) * D**-0.5
+                        p_ = torch.softmax(s_ + cd[b, pos, h] - cd[b, j0:pos + 1, h], 0)
+                        want = p_ @ v[b, j0:pos + 1, hk].double().cpu()
+                        torch.testing.assert_close(loose[b, i, h].double().cpu(), want, rtol=2e-2, atol=2e-2)
+                skipped.append(j0)
+        assert max(skipped) > 0, speed  # the rule did name tiles to skip, and the kernel skipped exactly those
+    with pytest.raises(ValueError, match="adaptive_threshold must"):
+        forgetting_attention_with_kvcache(q, k, v, c, adaptive_threshold="auto")

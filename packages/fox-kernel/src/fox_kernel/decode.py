@@ -100,6 +100,21 @@ def append_to_paged_cache(
     return (cache_seqlens + Tn).to(torch.int32)
 
 
+def _decode_threshold(adaptive_threshold, B, H, device):
+    if adaptive_threshold is None:
+        return None
+    if isinstance(adaptive_threshold, (int, float)) and not isinstance(adaptive_threshold, bool):
+        return torch.full((B, H), float(adaptive_threshold), dtype=torch.float32, device=device)
+    if isinstance(adaptive_threshold, torch.Tensor):
+        try:
+            return torch.broadcast_to(adaptive_threshold.to(device, torch.float32), (B, H)).contiguous()
+        except RuntimeError:
+            pass
+    raise ValueError(f"adaptive_threshold must be None, a number or a tensor broadcastable to ({B}, {H}), got "
+                     f"{adaptive_threshold!r}" if not isinstance(adaptive_threshold, torch.Tensor) else
+                     f"adaptive_threshold must broadcast to ({B}, {H}), got shape {tuple(adaptive_threshold.shape)}")
+
+
 def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """(num_pages, page_size, ...) pages -> (B, pages per row * page_size, ...) in row order."""
     pages = x[block_table.long()]  # (B, P, page_size, ...)
@@ -116,6 +131,7 @@ def forgetting_attention_with_kvcache(
     seq_start: torch.Tensor | None = None,
     sm_scale: float | None = None,
     block_table: torch.Tensor | None = None,
+    adaptive_threshold: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the newest ``Tq`` tokens (already appended) over the cache.
 
@@ -123,6 +139,11 @@ def forgetting_attention_with_kvcache(
     cache's length T): query i sits at cache position L_b - Tq + i. Returns (B, Tq, H, D) in q's dtype;
     rows of padding positions return 0. With ``block_table`` (B, pages per row) int32 the caches are
     paged, (num_pages, page_size, Hkv, D) and (num_pages, page_size, H), and ``cache_seqlens`` is required.
+
+    ``adaptive_threshold`` (a number or a (B, H) tensor, in the units of ``c``): the Triton kernel skips
+    leading cache tiles where ``c_query - c_key`` stays below it for every query row it serves (whole
+    tiles are never read). With the bound of FOX.md section 1 the dropped weight is at most eps. The
+    PyTorch path ignores it and computes exactly.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
         checks.require_tensor(name, x)
@@ -160,7 +181,9 @@ def forgetting_attention_with_kvcache(
         starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
-        return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table)
+        thresh = _decode_threshold(adaptive_threshold, B, H, q.device)
+        return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
+                             thresh)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = H // Hkv
     kh = k_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)  # (B, H, T, D)

@@ -29,14 +29,15 @@ def _cache_offsets(b, kn, mask, BT, stride_btb, page_size, stride_b, stride_t, P
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size,
+    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size, THRESH, H,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_cb, stride_ct,
     B, HKV, TQ, Q0, ROWS, D, sm_scale2, split_len,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr,
+    HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr, HAS_THRESH: tl.constexpr,
+    SCAN: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -63,6 +64,19 @@ def _decode_kernel(
 
     start = tl.maximum(pid_s * split_len, (s0 // BLOCK_N) * BLOCK_N)
     end = tl.minimum(pid_s * split_len + split_len, length)
+    if HAS_THRESH:  # skip the leading key tiles whose decay puts every row's weight under the bound
+        delta = tl.load(THRESH + b * H + h, mask=valid, other=0.0)
+        go = start < end
+        while go:
+            tiles = start + tl.arange(0, SCAN) * BLOCK_N
+            live = tiles < end
+            last = tl.minimum(tiles + BLOCK_N, end) - 1
+            c_off = _cache_offsets(bq, last, live, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED)
+            c_last = tl.load(C + c_off[None, :] + h[:, None], mask=valid[:, None] & live[None, :], other=0.0)
+            gap = tl.where(valid[:, None], c_q[:, None] - c_last - delta[:, None], float("-inf"))
+            n = tl.sum((live & (tl.max(gap, 0) < 0.0)).to(tl.int32), 0)
+            start += n * BLOCK_N
+            go = (n == SCAN) & (start < end)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -100,7 +114,8 @@ def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
     return max(1, min(triton.cdiv(2 * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
 
 
-def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None):
+def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None,
+                  threshold=None):
     """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
     With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...)."""
     B, Tq, H, D = q.shape
@@ -123,12 +138,12 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
         _decode_kernel[(splits, B * Hkv)](
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
             cache_seqlens if block_table is None else block_table, 0 if block_table is None else block_table.stride(0),
-            page_size,
+            page_size, threshold, H,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
             B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, split_len,
             GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
-            PAGED=block_table is not None,
+            PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=4 if interpreting() else 32,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
