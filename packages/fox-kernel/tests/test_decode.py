@@ -141,6 +141,8 @@ def test_paged_cache_errors_name_the_argument():
         forgetting_attention_with_kvcache(q, kc, kc, cc, block_table=table)
     with pytest.raises(ValueError, match="block_table must be int32"):
         forgetting_attention_with_kvcache(q, kc, kc, cc, torch.ones(2, dtype=torch.int32), block_table=table.long())
+    with pytest.raises(ValueError, match="paged c_cache must be float32"):
+        forgetting_attention_with_kvcache(q, kc, kc, cc.double(), torch.ones(2, dtype=torch.int32), block_table=table)
     with pytest.raises(ValueError, match="block_table holds 16 tokens"):
         append_to_paged_cache(kc, kc.clone(), cc, table, torch.tensor([10, 0], dtype=torch.int32),
                               torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 2))

@@ -155,6 +155,9 @@ def forgetting_attention_with_kvcache(
                              f"{tuple(block_table.shape)}")
         if cache_seqlens is None:
             raise ValueError("cache_seqlens is required with block_table (the valid tokens of each row)")
+        if c_cache.dtype != torch.float32 or c_cache.dim() != 3 or c_cache.shape[2] != H:
+            raise ValueError(f"paged c_cache must be float32 of shape (num_pages, page_size, {H}), got "
+                             f"{c_cache.dtype} {tuple(c_cache.shape)}")
         if c_cache.shape[:2] != k_cache.shape[:2] or v_cache.shape != k_cache.shape:
             raise ValueError(f"paged caches must share (num_pages, page_size): k {tuple(k_cache.shape)}, "
                              f"v {tuple(v_cache.shape)}, c {tuple(c_cache.shape)}")
