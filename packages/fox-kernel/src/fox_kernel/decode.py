@@ -42,20 +42,27 @@ def append_to_cache(
     The new prefix sums continue from the last cached one; gates of positions before ``seq_start``
     (left padding, counted in cache positions) do not count. Returns the three grown tensors.
     """
-    if log_fgate_new.dtype != torch.float32:
-        raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
     past = 0 if k_cache is None else k_cache.shape[1]
-    g = log_fgate_new
-    if seq_start is not None:
-        pos = torch.arange(past, past + g.shape[1], device=g.device)
-        g = g * (pos[None, :] >= seq_start[:, None]).to(g.dtype)[..., None]
-    c_new = torch.cumsum(g.double(), dim=1)
-    if c_cache is not None and past > 0:
-        c_new = c_new + c_cache[:, -1:].double()
-    c_new = c_new.float()
+    pos = torch.arange(past, past + log_fgate_new.shape[1], device=log_fgate_new.device)[None, :]
+    c_last = c_cache[:, -1] if c_cache is not None and past > 0 else None
+    c_new = _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last)
     if k_cache is None:
         return k_new, v_new, c_new
     return (torch.cat([k_cache, k_new], dim=1), torch.cat([v_cache, v_new], dim=1), torch.cat([c_cache, c_new], dim=1))
+
+
+def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
+    """Prefix sums of the new gates (B, Tn, H) at cache positions ``pos`` ((1 or B, Tn)), continuing from
+    ``c_last`` (B, H) (None: from 0); gates before ``seq_start`` (left padding) do not count."""
+    if log_fgate_new.dtype != torch.float32:
+        raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
+    g = log_fgate_new
+    if seq_start is not None:
+        g = g * (pos >= seq_start[:, None].long()).to(g.dtype)[..., None]
+    c_new = torch.cumsum(g.double(), dim=1)
+    if c_last is not None:
+        c_new = c_new + c_last.double()[:, None]
+    return c_new.float()
 
 
 def append_to_paged_cache(
@@ -75,8 +82,6 @@ def append_to_paged_cache(
     block_table (B, pages per row) int32; cache_seqlens (B,) int32 tokens already cached per row;
     k_new, v_new (B, Tn, Hkv, D); log_fgate_new (B, Tn, H) float32.
     """
-    if log_fgate_new.dtype != torch.float32:
-        raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
     B, Tn = k_new.shape[:2]
     page_size = k_cache.shape[1]
     lens = cache_seqlens.long()
@@ -87,13 +92,11 @@ def append_to_paged_cache(
                          f"{cache_seqlens.tolist()} does not fit")
     page = torch.gather(block_table.long(), 1, pos // page_size)
     slot = pos % page_size
-    g = log_fgate_new
-    if seq_start is not None:
-        g = g * (pos >= seq_start[:, None].long()).to(g.dtype)[..., None]
-    prev_page = torch.gather(block_table.long(), 1, ((lens - 1).clamp_min(0) // page_size)[:, None])[:, 0]
-    c_prev = c_cache[prev_page, (lens - 1).clamp_min(0) % page_size].double()
-    c_prev = torch.where((lens > 0)[:, None], c_prev, torch.zeros_like(c_prev))
-    c_new = (torch.cumsum(g.double(), dim=1) + c_prev[:, None]).float()
+    last = (lens - 1).clamp_min(0)  # the row's last cached position (rows still empty continue from 0)
+    prev_page = torch.gather(block_table.long(), 1, (last // page_size)[:, None])[:, 0]
+    c_last = c_cache[prev_page, last % page_size]
+    c_last = torch.where((lens > 0)[:, None], c_last, torch.zeros_like(c_last))
+    c_new = _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last)
     k_cache[page, slot] = k_new.to(k_cache.dtype)
     v_cache[page, slot] = v_new.to(v_cache.dtype)
     c_cache[page, slot] = c_new
@@ -105,14 +108,14 @@ def _decode_threshold(adaptive_threshold, B, H, device):
         return None
     if isinstance(adaptive_threshold, (int, float)) and not isinstance(adaptive_threshold, bool):
         return torch.full((B, H), float(adaptive_threshold), dtype=torch.float32, device=device)
-    if isinstance(adaptive_threshold, torch.Tensor):
-        try:
-            return torch.broadcast_to(adaptive_threshold.to(device, torch.float32), (B, H)).contiguous()
-        except RuntimeError:
-            pass
-    raise ValueError(f"adaptive_threshold must be None, a number or a tensor broadcastable to ({B}, {H}), got "
-                     f"{adaptive_threshold!r}" if not isinstance(adaptive_threshold, torch.Tensor) else
-                     f"adaptive_threshold must broadcast to ({B}, {H}), got shape {tuple(adaptive_threshold.shape)}")
+    if not isinstance(adaptive_threshold, torch.Tensor):
+        raise ValueError(f"adaptive_threshold must be None, a number or a tensor broadcastable to ({B}, {H}), "
+                         f"got {adaptive_threshold!r}")
+    try:
+        return torch.broadcast_to(adaptive_threshold.to(device, torch.float32), (B, H)).contiguous()
+    except RuntimeError:
+        raise ValueError(f"adaptive_threshold must broadcast to ({B}, {H}), got shape "
+                         f"{tuple(adaptive_threshold.shape)}") from None
 
 
 def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

@@ -153,14 +153,14 @@ class Mamba2Mixer(nn.Module):
         if real is not None:
             dt = dt * real
         A = -torch.exp(self.A_log.to(acc))
-        xs = xs.view(B, T, H, P)
+        xs = xs.view(B, T, H, P).to(acc)
         rep = H // G
         k = b.view(B, T, G, 1, N).expand(B, T, G, rep, N).reshape(B, T, H, N)
         q = c.view(B, T, G, 1, N).expand(B, T, G, rep, N).reshape(B, T, H, N)
         log_decay = (dt * A).unsqueeze(-1).expand(B, T, H, N)
-        v = xs.to(acc) * dt.unsqueeze(-1)
+        v = xs * dt.unsqueeze(-1)
         y, S = gated_linear_attention(q.to(acc), k.to(acc), v, log_decay, 1.0, get("S"))
-        y = y + xs.to(acc) * self.D.to(acc)[:, None]
+        y = y + xs * self.D.to(acc)[:, None]
         if state is not None:
             state.tensors.update(S=S, conv=conv_state)
         return self.out_proj(self.norm(y.reshape(B, T, -1).to(x.dtype), z))

@@ -107,20 +107,25 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
         # one read of q and k by a Triton reduction (torch's norm over a 64-128 wide axis is ~5x slower)
         from fox_kernel.ops.triton_attention import max_row_norms
 
-        u = max_row_norms(q) * max_row_norms(k).repeat_interleave(group, dim=-1) * sm_scale
-        return (-(2 * u + math.log(max(t_k, 1))) + log_eps).contiguous()
+        k_max = max_row_norms(k).repeat_interleave(group, dim=-1)
+        return _threshold_from_norms(max_row_norms(q), k_max, sm_scale, t_k, log_eps).contiguous()
     # Norms in float32 without materialising float32 copies of q and k.
     qn = torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32)  # (B, Tq, H)
     kn = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).repeat_interleave(group, dim=-1)
     if rows is None:
-        u = qn.amax(dim=1) * kn.amax(dim=1) * sm_scale
-        return (-(2 * u + math.log(max(t_k, 1))) + log_eps).float().contiguous()
+        return _threshold_from_norms(qn.amax(dim=1), kn.amax(dim=1), sm_scale, t_k, log_eps).contiguous()
     bounds = rows.tolist()
     per_seq = []
     for s, e in zip(bounds[:-1], bounds[1:]):
-        u = qn[0, s:e].amax(dim=0) * kn[0, s:e].amax(dim=0) * sm_scale
-        per_seq.append(-(2 * u + math.log(e - s)) + log_eps)
-    return torch.stack(per_seq).float().contiguous()
+        per_seq.append(_threshold_from_norms(qn[0, s:e].amax(dim=0), kn[0, s:e].amax(dim=0), sm_scale, e - s,
+                                             log_eps))
+    return torch.stack(per_seq).contiguous()
+
+
+def _threshold_from_norms(q_max, k_max, sm_scale, t_k, log_eps=AUTO_LOG_EPS):
+    """delta = -(2U + ln Tk) + ln eps from the largest q and k norms (float32, U = q_max k_max s)."""
+    u = q_max.float() * k_max.float() * sm_scale
+    return -(2 * u + math.log(max(t_k, 1))) + log_eps
 
 
 def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):

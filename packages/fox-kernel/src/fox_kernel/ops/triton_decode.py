@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_kernel.ops.triton_attention import LOG2E, interpreting
+from fox_kernel.ops.triton_attention import LOG2E, _scan, interpreting
 
 
 @triton.jit
@@ -143,7 +143,7 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
             B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, split_len,
             GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
-            PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=4 if interpreting() else 32,
+            PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=_scan(),
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
