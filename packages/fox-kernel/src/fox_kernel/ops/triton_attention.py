@@ -503,7 +503,10 @@ def _dq_kernel(
         lo = (tl.load(RANGE + pid_bh.to(tl.int64) * n_blk + pid_m) // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dc_row = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for start_n in range(lo, mid, BLOCK_N):
+    # counted from 0 rather than ranging from lo: with lo loaded (pruning) the range form made this
+    # pass 30-40% slower on an H200 (same results); the counted loop runs as fast as lo = 0
+    for jj in range(0, (mid - lo) // BLOCK_N):
+        start_n = lo + jj * BLOCK_N
         dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
                                False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
