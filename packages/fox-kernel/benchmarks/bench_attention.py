@@ -168,8 +168,14 @@ def _env():
 
 
 def bench_decode():
-    """One new token per sequence against a cache: bandwidth = K/V bytes read / time (BENCHMARKS.md)."""
+    """One new token per sequence against a cache: bandwidth = K/V bytes of the cache / time (BENCHMARKS.md).
+
+    Contiguous caches, paged caches (shuffled pages of 16 and 256 tokens) and, with fast gates, cache-tile
+    pruning at the eps = e^-10 bound (its bandwidth is effective: the whole cache's bytes over the time)."""
     from fox_kernel import forgetting_attention_with_kvcache
+
+    def timed(fn):
+        return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
 
     rows = []
     for B, T in ((8, 32768), (64, 4096)):
@@ -181,16 +187,32 @@ def bench_decode():
         c = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4), dim=1)
         lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
         kv_bytes = 2 * k.numel() * k.element_size()
-        ours = triton.testing.do_bench(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens), warmup=50, rep=200,
-                                       return_mode="median")
+        row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, mean_log_f=float(c[:, -1].mean() / T))
+        row["ours_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        sdpa = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
-                                       warmup=50, rep=200, return_mode="median")
-        row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, ours_ms=ours, ours_TBps=kv_bytes / ours / 1e9,
-                   sdpa_no_gate_ms=sdpa, sdpa_no_gate_TBps=kv_bytes / sdpa / 1e9)
+        row["sdpa_no_gate_ms"] = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+        for page in (16, 256):
+            n_pages = B * T // page
+            perm = torch.randperm(n_pages, device="cuda")
+            table = perm.view(B, T // page).to(torch.int32)
+            pool = [torch.empty(n_pages, page, *x.shape[2:], device="cuda", dtype=x.dtype) for x in (k, v, c)]
+            for dst, src in zip(pool, (k, v, c)):
+                dst[perm] = src.reshape(n_pages, page, *src.shape[2:])
+            got = forgetting_attention_with_kvcache(q, *pool, lens, block_table=table)
+            ref = forgetting_attention_with_kvcache(q, k, v, c, lens)
+            assert (got.float() - ref.float()).abs().max().item() < 2e-2, "paged decode differs from contiguous"
+            row[f"paged{page}_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, *pool, lens, block_table=table))
+        # the pruning bound of FOX.md section 1 with eps = e^-10, from the max norms of q and k
+        u = q.float().norm(dim=-1).amax() * k.float().norm(dim=-1).amax() * D**-0.5
+        bound = float(-(2 * u + math.log(T)) - 10)
+        row["pruning_bound"] = bound
+        row["pruned_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens, adaptive_threshold=bound))
+        for name in ("ours", "sdpa_no_gate", "paged16", "paged256", "pruned"):
+            row[f"{name}_TBps"] = kv_bytes / row[f"{name}_ms"] / 1e9
         rows.append(row)
-        print(f"decode B={B} T={T}: ours {row['ours_TBps']:.2f} TB/s ({ours * 1e3:.0f} us), "
-              f"SDPA without gate {row['sdpa_no_gate_TBps']:.2f} TB/s ({sdpa * 1e3:.0f} us)")
+        print(f"decode B={B} T={T} (TB/s): ours {row['ours_TBps']:.2f} ({row['ours_ms'] * 1e3:.0f} us), paged 16 "
+              f"{row['paged16_TBps']:.2f}, paged 256 {row['paged256_TBps']:.2f}, pruned (eff.) {row['pruned_TBps']:.2f}"
+              f" ({row['pruned_ms'] * 1e3:.0f} us), SDPA without gate {row['sdpa_no_gate_TBps']:.2f}")
     return rows
 
 

@@ -76,7 +76,7 @@ def test_preallocated_cache_with_per_row_lengths(device_dtype, Tq):
 
 
 @pytest.mark.parametrize("device_dtype", DEVICES)
-@pytest.mark.parametrize("page_size", [16, 5])
+@pytest.mark.parametrize("page_size", [16, 5, 128])
 def test_paged_cache_equals_contiguous_decoding(device_dtype, page_size):
     """Pages in a shuffled pool, rows of different lengths, GQA, left padding, prefill then steps: the
     paged cache gives what the float64 reference gives on the same tokens."""

@@ -18,13 +18,35 @@ from fox_kernel.ops.triton_attention import LOG2E, _scan, interpreting
 
 
 @triton.jit
+def _cache_rows(b, kn, mask, BT, stride_btb, page_size, PAGED: tl.constexpr):
+    """(row, slot) of cache positions kn of sequence b, to be scaled by a tensor's (batch or page, time)
+    strides: (b, kn), or, paged, (BT[b, kn // page_size], kn % page_size)."""
+    if PAGED:  # one return below: the branches' types differ (Triton checks returns of both)
+        row = tl.load(BT + b * stride_btb + kn // page_size, mask=mask, other=0).to(tl.int64)
+        slot = (kn % page_size).to(tl.int64)
+    else:
+        row = b
+        slot = kn.to(tl.int64)
+    return row, slot
+
+
+@triton.jit
 def _cache_offsets(b, kn, mask, BT, stride_btb, page_size, stride_b, stride_t, PAGED: tl.constexpr):
-    """Element offsets of cache positions kn of sequence b: b * stride_b + kn * stride_t, or, paged,
-    page * stride_b + slot * stride_t with page = BT[b, kn // page_size], slot = kn % page_size."""
-    if PAGED:
-        page = tl.load(BT + b * stride_btb + kn // page_size, mask=mask, other=0).to(tl.int64)
-        return page * stride_b + (kn % page_size).to(tl.int64) * stride_t
-    return b * stride_b + kn.to(tl.int64) * stride_t
+    """Element offsets of cache positions kn of sequence b (see _cache_rows)."""
+    row, slot = _cache_rows(b, kn, mask, BT, stride_btb, page_size, PAGED)
+    return row * stride_b + slot * stride_t
+
+
+@triton.jit
+def _tile_rows(b, n0, kn, mask, BT, stride_btb, page_size, PAGED: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
+    """_cache_rows of the key tile starting at n0; with TILE_IN_PAGE (page_size a multiple of the tile,
+    tiles aligned) the whole tile sits in one page: one page lookup per tile instead of one per key."""
+    if PAGED and TILE_IN_PAGE:
+        row = tl.load(BT + b * stride_btb + n0 // page_size).to(tl.int64)
+        slot = (kn - n0 + n0 % page_size).to(tl.int64)
+    else:
+        row, slot = _cache_rows(b, kn, mask, BT, stride_btb, page_size, PAGED)
+    return row, slot
 
 
 @triton.jit
@@ -34,10 +56,10 @@ def _decode_kernel(
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_cb, stride_ct,
-    B, HKV, TQ, Q0, ROWS, D, sm_scale2, split_len,
+    B, HKV, TQ, Q0, ROWS, D, sm_scale2,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr, HAS_THRESH: tl.constexpr,
-    SCAN: tl.constexpr,
+    SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -62,21 +84,27 @@ def _decode_kernel(
     c_q = tl.load(C + _cache_offsets(bq, pos, valid, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED) + h,
                   mask=valid, other=0.0)
 
-    start = tl.maximum(pid_s * split_len, (s0 // BLOCK_N) * BLOCK_N)
-    end = tl.minimum(pid_s * split_len + split_len, length)
-    if HAS_THRESH:  # skip the leading key tiles whose decay puts every row's weight under the bound
+    # The row's live range [lo, length): left padding dropped and, with a threshold, the leading key
+    # tiles whose decay puts every served row's weight under the bound (never read). The live range is
+    # then split evenly, so pruning shortens every slice instead of idling the first ones.
+    lo = (s0 // BLOCK_N) * BLOCK_N
+    if HAS_THRESH:
         delta = tl.load(THRESH + b * H + h, mask=valid, other=0.0)
-        go = start < end
+        go = lo < length
         while go:
-            tiles = start + tl.arange(0, SCAN) * BLOCK_N
-            live = tiles < end
-            last = tl.minimum(tiles + BLOCK_N, end) - 1
+            tiles = lo + tl.arange(0, SCAN) * BLOCK_N
+            live = tiles < length
+            last = tl.minimum(tiles + BLOCK_N, length) - 1
             c_off = _cache_offsets(bq, last, live, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED)
             c_last = tl.load(C + c_off[None, :] + h[:, None], mask=valid[:, None] & live[None, :], other=0.0)
             gap = tl.where(valid[:, None], c_q[:, None] - c_last - delta[:, None], float("-inf"))
             n = tl.sum((live & (tl.max(gap, 0) < 0.0)).to(tl.int32), 0)
-            start += n * BLOCK_N
-            go = (n == SCAN) & (start < end)
+            lo += n * BLOCK_N
+            go = (n == SCAN) & (lo < length)
+        lo = (lo // BLOCK_N) * BLOCK_N  # restates the tile alignment the loop hid from the compiler
+    split_len = tl.cdiv(tl.cdiv(tl.maximum(length - lo, 0), tl.num_programs(0)), BLOCK_N) * BLOCK_N
+    start = lo + pid_s * split_len
+    end = tl.minimum(start + split_len, length)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -85,11 +113,12 @@ def _decode_kernel(
         kn = n0 + offs_n
         mask_n = kn < end
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k_off = _cache_offsets(bq, kn, mask_n, BT, stride_btb, page_size, stride_kb, stride_kt, PAGED)
-        k = tl.load(K + k_off[:, None] + hk * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        t_row, t_slot = _tile_rows(bq, n0, kn, mask_n, BT, stride_btb, page_size, PAGED, TILE_IN_PAGE)
+        k = tl.load(K + (t_row * stride_kb + t_slot * stride_kt)[:, None] + hk * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
-        c_off = _cache_offsets(bq, kn, mask_n, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED)
-        c_k = tl.load(C + c_off[None, :] + h[:, None], mask=valid[:, None] & mask_n[None, :], other=0.0)
+        c_k = tl.load(C + (t_row * stride_cb + t_slot * stride_ct)[None, :] + h[:, None],
+                      mask=valid[:, None] & mask_n[None, :], other=0.0)
         s += (c_q[:, None] - c_k) * 1.4426950408889634
         keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
         s = tl.where(keep, s, float("-inf"))
@@ -97,8 +126,8 @@ def _decode_kernel(
         p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = _cache_offsets(bq, kn, mask_n, BT, stride_btb, page_size, stride_vb, stride_vt, PAGED)
-        v = tl.load(V + v_off[:, None] + hk * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + (t_row * stride_vb + t_slot * stride_vt)[:, None] + hk * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
@@ -127,7 +156,6 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
     block_n = 16 if interpreting() or not q.is_cuda else 64
     rows_per_launch = max(1, 64 // group)
     splits = _num_splits(q.device, B * Hkv, Tmax, block_n)
-    split_len = triton.cdiv(triton.cdiv(Tmax, splits), block_n) * block_n
     out = torch.empty_like(q)
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
@@ -141,9 +169,10 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
             page_size, threshold, H,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
-            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, split_len,
+            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E,
             GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
             PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=_scan(),
+            TILE_IN_PAGE=page_size % block_n == 0,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
