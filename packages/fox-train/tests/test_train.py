@@ -53,6 +53,20 @@ def test_missing_data_path_is_named(tmp_path):
         main(["data=text", "data.path=/no/such/corpus", f"out_dir={tmp_path}", *SMALL])
 
 
+def test_fsdp_mixed_precision_keeps_float32_weights_by_default():
+    """FSDP under bf16-mixed gathers float32 parameters and reduces in float32 (DDP's numerics) unless
+    bfloat16 is asked for; a bad dtype is named."""
+    from fox_train.config import StrategyConfig
+    from fox_train.train import _fsdp_strategy
+
+    mp = _fsdp_strategy(StrategyConfig(name="fsdp"), "bf16-mixed").mixed_precision_config
+    assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (torch.float32,) * 3
+    mp = _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="bfloat16"), "bf16-mixed").mixed_precision_config
+    assert (mp.param_dtype, mp.reduce_dtype) == (torch.bfloat16, torch.float32)
+    with pytest.raises(ValueError, match="strategy.fsdp_param_dtype must be"):
+        _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="fp8"), "bf16-mixed")
+
+
 def test_batch_not_divisible_by_devices():
     with pytest.raises(ValueError, match="multiple of micro_batch_size x devices = 3 x 2"):
         Sampler(100, global_batch=8, micro_batch=3, world_size=2, shuffle=False, seed=0)

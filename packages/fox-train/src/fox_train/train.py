@@ -109,6 +109,24 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
     return root / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def _fsdp_strategy(s, precision: str):
+    """FSDP wrapping each block; with a mixed precision, parameters gathered in ``s.fsdp_param_dtype`` and
+    gradients reduced in float32 (Fabric's default would run bf16 weights and reductions)."""
+    from lightning.fabric.strategies import FSDPStrategy
+    from torch.distributed.fsdp import MixedPrecision
+
+    from fox_models.modeling import FoxBlock
+
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    if s.fsdp_param_dtype not in dtypes:
+        raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
+    mixed = None
+    if "mixed" in precision:
+        mixed = MixedPrecision(param_dtype=dtypes[s.fsdp_param_dtype], reduce_dtype=torch.float32,
+                               buffer_dtype=torch.float32)
+    return FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full", mixed_precision=mixed)
+
+
 def _fabric(cfg: TrainConfig) -> L.Fabric:
     s = cfg.strategy
     gpu = torch.cuda.is_available() and s.accelerator in ("auto", "gpu", "cuda")
@@ -117,11 +135,7 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
     if strategy is None:
         raise ValueError(f"strategy.name must be single, ddp or fsdp, got {s.name!r}")
     if strategy == "fsdp":
-        from lightning.fabric.strategies import FSDPStrategy
-
-        from fox_models.modeling import FoxBlock
-
-        strategy = FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full")
+        strategy = _fsdp_strategy(s, precision)
     return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
                     precision=precision)
 
