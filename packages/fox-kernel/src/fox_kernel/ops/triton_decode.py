@@ -136,6 +136,34 @@ def _decode_kernel(
     tl.store(L_OUT + slot + rows, l_i)
 
 
+@triton.jit
+def _merge_kernel(ACC, M, L, O, stride_ob, stride_ot, stride_oh, B, HKV, Q0, ROWS, D, SPLITS,
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the slices of one (sequence, KV head) into the output rows of its query heads: weights
+    2^(m_s - max_s m_s); rows that saw no key keep l = 0 and give 0. One launch (a chain of PyTorch ops
+    here cost more host time than the whole kernel once pruning shortens it)."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    rows = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    top = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    for s in range(SPLITS):
+        top = tl.maximum(top, tl.load(M + (s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M + rows))
+    num = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    den = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s in range(SPLITS):
+        slot = (s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
+        w = tl.math.exp2(tl.load(M + slot + rows) - top)
+        den += w * tl.load(L + slot + rows)
+        num += w[:, None] * tl.load(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :])
+    out = num / tl.where(den > 0.0, den, 1.0)[:, None]
+    h = hk * GROUP + rows // ROWS
+    i = Q0 + rows % ROWS
+    ptrs = O + b.to(tl.int64) * stride_ob + i[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
+    tl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < GROUP * ROWS)[:, None] & (offs_d < D)[None, :])
+
+
 def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
     if interpreting() or device.type != "cuda":
         return max(1, min(4, triton.cdiv(t_max, block_n)))
@@ -176,12 +204,8 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
-        # Merge the slices: weights 2^(m_s - max_s m_s); rows that saw no key keep l = 0 and give 0.
-        top = m.amax(0, keepdim=True)
-        w = torch.exp2(m - top)
-        num = (w[..., None] * acc).sum(0)
-        den = (w * lsum).sum(0)
-        o = num / torch.where(den > 0, den, torch.ones_like(den))[..., None]
-        o = o[:, :, : group * rows, :D].reshape(B, Hkv, group, rows, D)
-        out[:, q0 : q0 + rows] = o.permute(0, 3, 1, 2, 4).reshape(B, rows, H, D).to(q.dtype)
+        _merge_kernel[(B * Hkv,)](
+            acc, m, lsum, out, out.stride(0), out.stride(1), out.stride(2), B, Hkv, q0, rows, D, splits,
+            GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4,
+        )
     return out
