@@ -53,16 +53,16 @@ def test_missing_data_path_is_named(tmp_path):
         main(["data=text", "data.path=/no/such/corpus", f"out_dir={tmp_path}", *SMALL])
 
 
-def test_fsdp_mixed_precision_keeps_float32_weights_by_default():
-    """FSDP under bf16-mixed gathers float32 parameters and reduces in float32 (DDP's numerics) unless
-    bfloat16 is asked for; a bad dtype is named."""
+def test_fsdp_mixed_precision_policies():
+    """FSDP under bf16-mixed: Fabric's bf16 policy by default; fsdp_param_dtype=float32 gathers float32
+    parameters and reduces in float32 (DDP's numerics); a bad dtype is named."""
     from fox_train.config import StrategyConfig
     from fox_train.train import _fsdp_strategy
 
-    mp = _fsdp_strategy(StrategyConfig(name="fsdp"), "bf16-mixed").mixed_precision_config
+    assert _fsdp_strategy(StrategyConfig(name="fsdp"), "bf16-mixed").mixed_precision is None  # Fabric's policy
+    assert _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="float32"), "32-true").mixed_precision is None
+    mp = _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="float32"), "bf16-mixed").mixed_precision_config
     assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (torch.float32,) * 3
-    mp = _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="bfloat16"), "bf16-mixed").mixed_precision_config
-    assert (mp.param_dtype, mp.reduce_dtype) == (torch.bfloat16, torch.float32)
     with pytest.raises(ValueError, match="strategy.fsdp_param_dtype must be"):
         _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="fp8"), "bf16-mixed")
 

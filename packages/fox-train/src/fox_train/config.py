@@ -91,10 +91,12 @@ class StrategyConfig:
     num_nodes: int = 1
     precision: str | None = None
     """Fabric precision; default bf16-mixed on GPU, 32-true on CPU."""
-    fsdp_param_dtype: str = "float32"
-    """FSDP with a mixed precision: dtype of the gathered parameters inside forward and backward.
-    float32 (default) keeps master weights in the compute as DDP's autocast does (same loss curve);
-    bfloat16 halves the all-gather traffic but rounds every weight (norms and gate projections too)."""
+    fsdp_param_dtype: str = "bfloat16"
+    """FSDP under a mixed precision: dtype of the gathered parameters in forward and backward. bfloat16
+    (default; Fabric's own policy: bf16 weights, reductions and buffers) halves the all-gather traffic but
+    rounds every weight, norms and gate projections too (its loss curve sat up to 1.3% above DDP's);
+    float32 keeps master weights in the compute with bf16 autocast and float32 reductions, as DDP does
+    (not yet run on GPUs)."""
 
 
 @dataclass

@@ -110,20 +110,19 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
 
 
 def _fsdp_strategy(s, precision: str):
-    """FSDP wrapping each block; with a mixed precision, parameters gathered in ``s.fsdp_param_dtype`` and
-    gradients reduced in float32 (Fabric's default would run bf16 weights and reductions)."""
+    """FSDP wrapping each block. Under a mixed precision, ``s.fsdp_param_dtype`` = bfloat16 keeps Fabric's
+    policy (bf16 parameters, reductions, buffers); float32 gathers float32 parameters, reduces in float32
+    and lets autocast run the matmuls in bf16 (DDP's numerics)."""
     from lightning.fabric.strategies import FSDPStrategy
     from torch.distributed.fsdp import MixedPrecision
 
     from fox_models.modeling import FoxBlock
 
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-    if s.fsdp_param_dtype not in dtypes:
+    if s.fsdp_param_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
     mixed = None
-    if "mixed" in precision:
-        mixed = MixedPrecision(param_dtype=dtypes[s.fsdp_param_dtype], reduce_dtype=torch.float32,
-                               buffer_dtype=torch.float32)
+    if "mixed" in precision and s.fsdp_param_dtype == "float32":
+        mixed = MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
     return FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full", mixed_precision=mixed)
 
 
