@@ -2,31 +2,52 @@
 # Two-GPU check of fox-train (issue: scale-out): the 125M FoX (Pro) on the bundled corpus at the same
 # global batch on 1 GPU, 2 GPUs with DDP and 2 GPUs with FSDP; then the step-20 checkpoints of both
 # 2-GPU runs resumed on one GPU. Prints losses and throughput side by side and writes OUT/summary.json.
-# Usage: bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR
-set -euo pipefail
+# Each run has its own log (OUT/<run>.log) and time limit (RUN_TIMEOUT seconds, default 300), so one
+# that hangs or fails is reported and the others still run.
+# Usage: [PYTHON=python3] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides, e.g. strategy.fsdp_param_dtype=float32]
+set -uo pipefail
 out=${1:-outputs/multi_gpu}
+shift || true
+limit=${RUN_TIMEOUT:-300}
+mkdir -p "$out"
 common=(model=fox-pro-125m data.seq_len=2048 global_batch_tokens=65536 micro_batch_size=8
         schedule.total_tokens=2621440 schedule.warmup_tokens=262144 optimizer.lr=2e-3 eval_every=1000
-        checkpoint_every=20 keep_last=5 log_every=2 export=false out_dir="$out")
-python -m fox_train.cli "${common[@]}" strategy=single run_name=gpu1
-python -m fox_train.cli "${common[@]}" strategy=ddp strategy.devices=2 run_name=ddp2
-python -m fox_train.cli "${common[@]}" strategy=fsdp strategy.devices=2 run_name=fsdp2
-for run in ddp2 fsdp2; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
-  mkdir -p "$out/${run}_on1/checkpoints"
-  cp -r "$out/$run/checkpoints/step-00000020" "$out/${run}_on1/checkpoints/"
-  cp "$out/$run/config.yaml" "$out/${run}_on1/"
-  python -m fox_train.cli "${common[@]}" strategy=single run_name=${run}_on1 resume=true
+        checkpoint_every=20 keep_last=5 log_every=2 export=false out_dir="$out" "$@")
+run() {  # run NAME OVERRIDES...: one training run, its log, its exit status
+  local name=$1; shift
+  local t0=$SECONDS
+  timeout "$limit" "${PYTHON:-python}" -m fox_train.cli "${common[@]}" "$@" run_name="$name" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc after $((SECONDS - t0)) s (log: $out/$name.log)"
+  [ $rc -eq 0 ] || tail -c 2000 "$out/$name.log" | tr '\r' '\n' | tail -15
+}
+run gpu1 strategy=single
+run ddp2 strategy=ddp strategy.devices=2
+run fsdp2 strategy=fsdp strategy.devices=2
+for src in ddp2 fsdp2; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
+  if [ -d "$out/$src/checkpoints/step-00000020" ]; then
+    mkdir -p "$out/${src}_on1/checkpoints"
+    cp -r "$out/$src/checkpoints/step-00000020" "$out/${src}_on1/checkpoints/"
+    cp "$out/$src/config.yaml" "$out/${src}_on1/"
+    run "${src}_on1" strategy=single resume=true
+  else
+    echo "${src}_on1: skipped ($src wrote no step-20 checkpoint)"
+  fi
 done
-python - "$out" <<'PY'
+"${PYTHON:-python}" - "$out" <<'PY'
 import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 base, summary = None, {}
 print(f"{'run':10s} {'loss@8':>8s} {'loss@20':>8s} {'loss@32':>8s} {'loss@40':>8s} {'tokens/s':>10s} {'scaling':>8s}")
 for run in ("gpu1", "ddp2", "fsdp2", "ddp2_on1", "fsdp2_on1"):
-    recs = [json.loads(l) for l in (out / run / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+    path = out / run / "metrics.jsonl"
+    recs = [json.loads(l) for l in path.read_text().splitlines() if '"loss"' in l] if path.exists() else []
+    if not recs:
+        print(f"{run:10s} no metrics")
+        continue
     loss = {r["step"]: r["loss"] for r in recs}
-    tps = statistics.median(r["tokens_per_s"] for r in recs if r["step"] > 4)
+    tps = statistics.median(r["tokens_per_s"] for r in recs if r["step"] > 4 or len(recs) < 3)
     base = base or tps
     summary[run] = dict(loss=loss, tokens_per_s=tps, scaling=tps / base)
     cells = " ".join(f"{loss[s]:8.4f}" if s in loss else f"{'-':>8s}" for s in (8, 20, 32, 40))
