@@ -134,6 +134,52 @@ def test_gradients_match_float64():
         _close(a, e, tol=2e-4)
 
 
+def _saved_bytes(fn):
+    """Bytes autograd keeps for the backward while fn runs (distinct storages)."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+@pytest.mark.parametrize("variant", ["pro", "pro_gqa", "pro_rope_nogate", "llama"])
+def test_projection_recompute_same_gradients_less_memory(variant):
+    """recompute_projections: the same output and gradients (float64, varlen too), and the layer keeps
+    less for the backward: at least the pre-norm q and k, the pre-shift k and v and the gate logits."""
+    B, T = 2, 29
+    layer = _layer(variant).double()
+    x = _x(B, T, dtype=torch.float64).requires_grad_()
+    cot = torch.randn(B, T, HIDDEN, dtype=torch.float64)
+    results = {}
+    for recompute in (False, True):
+        layer.recompute_projections = recompute
+        out, saved = _saved_bytes(lambda: layer(x)[0])
+        grads = torch.autograd.grad(out, [x, *layer.parameters()], cot)
+        results[recompute] = (out, grads, saved)
+    (out0, grads0, saved0), (out1, grads1, saved1) = results[False], results[True]
+    torch.testing.assert_close(out1, out0, rtol=0, atol=1e-12)
+    for a, b in zip(grads1, grads0):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    hidden_tensor = B * T * HIDDEN * 8
+    fewer = 5 if variant.startswith("pro") else 1  # llama: the o_proj input is no longer kept (the output is)
+    # the checkpoint keeps the layer's input itself (not seen by the hook): count it
+    assert saved1 + hidden_tensor <= saved0 - fewer * hidden_tensor, (saved0, saved1)
+    # packed sequences through the recomputed path
+    cu = torch.tensor([0, 11, 12, 29], dtype=torch.int32)
+    xp = x.detach()[:1].clone().requires_grad_()
+    outs = {}
+    for recompute in (False, True):
+        layer.recompute_projections = recompute
+        out = layer(xp, cu_seqlens=cu)[0]
+        outs[recompute] = (out, torch.autograd.grad(out, [xp, *layer.parameters()], cot[:1]))
+    for a, b in zip([outs[True][0], *outs[True][1]], [outs[False][0], *outs[False][1]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_shared_qk_norm_accepts_head_dim_weights():
     layer = _layer("shared_qk_norm")
     sd = layer.state_dict()

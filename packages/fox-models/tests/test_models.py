@@ -165,14 +165,18 @@ def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
     model.train()
     ids = torch.randint(0, V, (2, 15))
     grads = []
-    for ckpt in (False, True):
+    for mode in ("plain", "blocks", "projections"):
         model.zero_grad()
-        if ckpt:
+        if mode == "blocks":
             model.gradient_checkpointing_enable()
+        if mode == "projections":
+            model.gradient_checkpointing_disable()
+            assert model.enable_projection_recompute() == model.config.num_hidden_layers
         model(ids, labels=ids).loss.mean().backward()
         grads.append([p.grad.clone() for p in model.parameters()])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b)
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("variant", ["fox-pro", "transformer-pro"])

@@ -53,6 +53,15 @@ def test_missing_data_path_is_named(tmp_path):
         main(["data=text", "data.path=/no/such/corpus", f"out_dir={tmp_path}", *SMALL])
 
 
+def test_recompute_projections_trains_and_needs_fox_attention(tmp_path):
+    main([f"out_dir={tmp_path}", "run_name=rc", "model=fox-pro-tiny", "recompute_projections=true",
+          "schedule.total_tokens=1024", "log_every=1", "export=false", *SMALL])
+    losses = [r["loss"] for r in _records(tmp_path / "rc") if "loss" in r]
+    assert len(losses) == 4 and all(np.isfinite(losses))
+    with pytest.raises((SystemExit, ValueError), match="recompute_projections: model 'mamba2-tiny' has no"):
+        main(["model=mamba2-tiny", "recompute_projections=true", f"out_dir={tmp_path}", *SMALL[3:]])
+
+
 def test_fsdp_mixed_precision_policies():
     """FSDP under bf16-mixed: Fabric's bf16 policy by default; fsdp_param_dtype=float32 gathers float32
     parameters and reduces in float32 (DDP's numerics); a bad dtype is named."""

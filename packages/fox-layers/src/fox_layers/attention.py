@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache
 from fox_layers.norms import GroupRMSNorm
@@ -108,6 +109,9 @@ class ForgettingAttentionLayer(nn.Module):
         self.use_rope = use_rope
         self.rope_base = rope_base
         self.log_pruning_tolerance = log_pruning_tolerance
+        self.recompute_projections = False
+        """Training memory: keep only the layer's input and the attention's q/k/v/output for the backward,
+        and recompute the projections, token shift, QK-norm and the output norm/gate/projection there."""
 
         self.q_proj = nn.Linear(hidden_size, hidden_size, bias=attention_bias)
         make_kv = (
@@ -229,9 +233,15 @@ class ForgettingAttentionLayer(nn.Module):
             state.seq_start = seq_start
         if state is not None:
             seq_start = state.seq_start
-        q, k, v, log_fgate, k_shift, v_shift = self.project(
-            x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift
-        )
+        recompute = self.recompute_projections and state is None and torch.is_grad_enabled() and x.requires_grad
+        if recompute:  # the projections' outputs (pre-norm q and k, pre-shift k and v) are not kept
+            q, k, v, log_fgate, k_shift, v_shift = checkpoint(
+                self.project, x, seq_start, cu_seqlens, use_reentrant=False
+            )
+        else:
+            q, k, v, log_fgate, k_shift, v_shift = self.project(
+                x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift
+            )
         dtype = v.dtype
         if state is None or past == 0:
             o = forgetting_attention(
@@ -244,9 +254,15 @@ class ForgettingAttentionLayer(nn.Module):
             if past > 0:
                 o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start)
         o = o.reshape(B, T, self.hidden_size).to(dtype)
+        if recompute:  # the gate logits and the normalised, gated output are not kept
+            return checkpoint(self._output, o, x, use_reentrant=False), state
+        return self._output(o, x), state
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Output norm and gate (FoX Pro), then the output projection."""
         g = self.ogate_proj(x) if self.use_output_gate else None
         if self.use_output_norm:
             o = self.output_norm(o, g, self.ogate_act)  # norm and gate fused on GPU
         elif g is not None:
             o = o * (torch.sigmoid(g) if self.ogate_act == "sigmoid" else F.silu(g))
-        return self.o_proj(o), state
+        return self.o_proj(o)

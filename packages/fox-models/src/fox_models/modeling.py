@@ -81,6 +81,18 @@ class _FoxPreTrainedBase(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings = value
 
+    def enable_projection_recompute(self, enabled: bool = True) -> int:
+        """Selective activation recomputation for training: every Forgetting Attention layer keeps only
+        its input and the attention's q/k/v/output, and recomputes its projections, token shift, QK-norm
+        and output norm/gate/projection in the backward (less memory than the full block checkpointing of
+        ``gradient_checkpointing_enable``, a few extra GEMMs). Returns the number of layers switched."""
+        from fox_layers import ForgettingAttentionLayer
+
+        layers = [m for m in self.modules() if isinstance(m, ForgettingAttentionLayer)]
+        for layer in layers:
+            layer.recompute_projections = enabled
+        return len(layers)
+
     # The backbones' forward in three parts, shared by FoX, the Transformer and the recurrent baselines.
     def _start(self, input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states):
         """-> (embedded x, cache or None, cached length, seq_start (left padding) or None, use_cache,

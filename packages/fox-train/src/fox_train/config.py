@@ -129,6 +129,9 @@ class TrainConfig:
     compile: bool = False
     """torch.compile each block."""
     gradient_checkpointing: bool = False
+    recompute_projections: bool = False
+    """Selective recomputation in FoX attention layers: keep only each layer's input and the attention's
+    q/k/v/output for the backward (see ForgettingTransformerModel.enable_projection_recompute)."""
     tensorboard: bool = False
     wandb: bool = False
     wandb_project: str = "fox"

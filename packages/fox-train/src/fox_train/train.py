@@ -183,6 +183,10 @@ def train(cfg: TrainConfig) -> Path:
         model = AutoModelForCausalLM.from_config(config)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if cfg.recompute_projections:
+        switch = getattr(model, "enable_projection_recompute", None)
+        if switch is None or not switch():
+            raise ValueError(f"recompute_projections: model {cfg.model.preset!r} has no Forgetting Attention layers")
     if cfg.compile:
         for block in model.model.layers:
             block.compile()
