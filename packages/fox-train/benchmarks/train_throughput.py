@@ -21,21 +21,25 @@ import fox_models  # noqa: F401
 from fox_models.presets import get_preset
 from fox_train.metrics import flops_per_token, peak_flops
 
+# (name, preset family, config overrides, recompute_projections)
 MODELS = [
-    ("FoX (Pro)", "fox-pro", {}),
-    ("FoX (Pro) + pruning", "fox-pro", {"log_pruning_tolerance": -10.0}),
-    ("FoX (LLaMA)", "fox-llama", {}),
-    ("Transformer (Pro)", "transformer-pro", {}),
-    ("Transformer (LLaMA, SDPA)", "transformer-llama", {}),
+    ("FoX (Pro)", "fox-pro", {}, False),
+    ("FoX (Pro) + pruning", "fox-pro", {"log_pruning_tolerance": -10.0}, False),
+    ("FoX (Pro) + recompute", "fox-pro", {}, True),
+    ("FoX (LLaMA)", "fox-llama", {}, False),
+    ("Transformer (Pro)", "transformer-pro", {}, False),
+    ("Transformer (LLaMA, SDPA)", "transformer-llama", {}, False),
 ]
 
 
-def measure(name, family, size, extra, seq_len, steps, warmup, checkpointing, compile_blocks):
+def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compile_blocks):
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
     if checkpointing:
         model.gradient_checkpointing_enable()
+    if recompute:
+        model.enable_projection_recompute()
     if compile_blocks:
         for block in model.model.layers:
             block.compile()
@@ -83,12 +87,12 @@ def main():
     args = ap.parse_args()
     rows = []
     for size in args.sizes:
-        for name, family, extra in MODELS:
+        for name, family, extra, recompute in MODELS:
             if args.models and not any(m in name for m in args.models):
                 continue
             try:
-                row = measure(name, family, size, extra, args.seq_len, args.steps, args.warmup, args.checkpointing,
-                              args.compile)
+                row = measure(name, family, size, extra, recompute, args.seq_len, args.steps, args.warmup,
+                              args.checkpointing, args.compile)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
                 torch.cuda.empty_cache()
