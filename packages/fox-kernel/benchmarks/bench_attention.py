@@ -191,6 +191,7 @@ def bench_decode():
         row["ours_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         row["sdpa_no_gate_ms"] = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+        ref = forgetting_attention_with_kvcache(q, k, v, c, lens)  # what each paged layout must give
         for page in (16, 256):
             n_pages = B * T // page
             perm = torch.randperm(n_pages, device="cuda")
@@ -199,7 +200,6 @@ def bench_decode():
             for dst, src in zip(pool, (k, v, c)):
                 dst[perm] = src.reshape(n_pages, page, *src.shape[2:])
             got = forgetting_attention_with_kvcache(q, *pool, lens, block_table=table)
-            ref = forgetting_attention_with_kvcache(q, k, v, c, lens)
             assert (got.float() - ref.float()).abs().max().item() < 2e-2, "paged decode differs from contiguous"
             row[f"paged{page}_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, *pool, lens, block_table=table))
         # the pruning bound of FOX.md section 1 with eps = e^-10, from the max norms of q and k
