@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,10 @@ CANDIDATES = {
              (128, 64, 8, 2), (32, 64, 4, 3), (64, 128, 4, 2), (16, 128, 4, 3)],
     "dq": [(128, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 3), (64, 64, 8, 3),
            (128, 64, 4, 2), (64, 32, 4, 3), (128, 128, 8, 2), (128, 32, 4, 3)],
+    # one-pass backward (dQ added with atomics): BLOCK_M query rows per step of a BLOCK_N key program
+    "fused": [(64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (32, 128, 4, 2),
+              (32, 128, 8, 2), (128, 128, 8, 2), (64, 128, 4, 2), (128, 64, 8, 2), (32, 64, 4, 3),
+              (64, 64, 8, 2)],
 }
 
 
@@ -31,10 +36,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tiles.json")
     ap.add_argument("--T", type=int, default=16384)
-    ap.add_argument("--kinds", default="fwd,dkdv,dq", help="comma-separated passes to sweep")
+    ap.add_argument("--kinds", default="fwd,dkdv,dq,fused", help="comma-separated passes to sweep")
     args = ap.parse_args()
     original = ta._config
-    chosen = {"fwd": {}, "dkdv": {}, "dq": {}}
+    chosen = {"fwd": {}, "dkdv": {}, "dq": {}, "fused": {}}
     results = []
     for D in (64, 128):
         B, T, H = 16384 // args.T, args.T, 2048 // D
@@ -44,6 +49,7 @@ def main():
         do = torch.randn_like(q)
         flops = 4 * B * H * T * T * D / 2
         for kind in args.kinds.split(","):
+            os.environ["FOX_KERNEL_BACKWARD"] = "fused" if kind == "fused" else "two-pass"
             best = None
             for bm, bn, w, st in CANDIDATES[kind]:
                 trial = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)

@@ -117,6 +117,8 @@ def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
     # Packed batches take the pointer loads; the single sequences must too for a bit-exact comparison
     # (Hopper TMA loads round differently; each path is checked against float64 elsewhere).
     monkeypatch.setenv("FOX_KERNEL_TMA", "0")
+    # and the two-pass backward: the one-pass form adds dQ with atomics, in no fixed order
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
     lengths = [1, 37, 64, 5, 130]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     total = sum(lengths)
@@ -132,7 +134,40 @@ def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
         alone_grads = torch.autograd.grad(alone, piece, do[:, s:e])
         for name, g_all, g_one in zip(("dq", "dk", "dv", "dlog_fgate"), grads, alone_grads):
             torch.testing.assert_close(g_all[:, s:e].float(), g_one.float(), rtol=1e-4, atol=1e-4, msg=name)
-    _check(device, dtype, B=1, Tq=total, Tk=total, H=4, Hkv=2, D=32, cu_seqlens=cu)
+    for mode in ("two-pass", "fused"):
+        monkeypatch.setenv("FOX_KERNEL_BACKWARD", mode)
+        _check(device, dtype, B=1, Tq=total, Tk=total, H=4, Hkv=2, D=32, cu_seqlens=cu)
+
+
+# The rest of this file runs the default (two-pass) backward; these cases run the one-pass ("fused") one.
+@pytest.mark.parametrize("case", [
+    dict(B=2, Tq=150, Tk=150, H=4, Hkv=2, D=48),
+    dict(B=2, Tq=33, Tk=100, H=2, Hkv=1, D=32),
+    dict(B=2, Tq=90, Tk=90, H=2, Hkv=2, D=32, seq_start=[0, 17]),
+    dict(B=1, Tq=77, Tk=77, H=2, Hkv=2, D=128),
+])
+def test_fused_backward(device_dtype, monkeypatch, case):
+    device, dtype = device_dtype
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "fused")
+    case = dict(case)
+    if "seq_start" in case:
+        case["seq_start"] = torch.tensor(case["seq_start"], device=device)
+    _check(device, dtype, **case)
+
+
+def test_backward_mode_is_checked(monkeypatch):
+    from fox_kernel.ops.triton_attention import fused_backward
+
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "fast")
+    with pytest.raises(ValueError, match="FOX_KERNEL_BACKWARD"):
+        fused_backward()
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "fused")
+    assert fused_backward()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not fused_backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_sm_scale_and_head_first(device_dtype):
@@ -175,8 +210,10 @@ def test_pruning_stays_within_its_bound(device_dtype):
     assert (loose.float() - exact.float()).abs().max().item() > 0.05
 
 
-def test_pruning_in_the_backward_pass(device_dtype):
+@pytest.mark.parametrize("mode", ["fused", "two-pass"])
+def test_pruning_in_the_backward_pass(device_dtype, monkeypatch, mode):
     device, dtype = device_dtype
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", mode)
     # long enough that the range searches cross several vector loads (small tiles in the interpreter)
     q, k, v, lf = _inputs(1, 700, 700, 2, 1, 16, device, dtype, speed="fast", seed=3)
     do = torch.randn_like(q)
