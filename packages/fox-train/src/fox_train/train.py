@@ -179,7 +179,10 @@ def train(cfg: TrainConfig) -> Path:
                       shuffle=cfg.data.order == "shuffled", seed=cfg.seed)
     total_steps = max(1, cfg.schedule.total_tokens // cfg.global_batch_tokens)
 
-    with fabric.init_module(empty_init=False):
+    # Built on the CPU for every strategy, then moved by fabric.setup: Fabric's init context builds on the
+    # GPU for single/DDP but on the CPU for FSDP, whose random numbers differ, so the same seed gave FSDP
+    # another starting point (and a loss curve unlike the one-GPU run's).
+    with torch.device("cpu"), fabric.strategy.precision.module_init_context():
         model = AutoModelForCausalLM.from_config(config)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
