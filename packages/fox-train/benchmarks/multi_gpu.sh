@@ -4,7 +4,8 @@
 # 2-GPU runs resumed on one GPU. Prints losses and throughput side by side and writes OUT/summary.json.
 # Each run has its own log (OUT/<run>.log) and time limit (RUN_TIMEOUT seconds, default 300), so one
 # that hangs or fails is reported and the others still run.
-# Usage: [PYTHON=python3] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides, e.g. strategy.fsdp_param_dtype=float32]
+# Usage: [PYTHON=python3] [RUNS="gpu1 ddp2 fsdp2"] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides,
+#        e.g. strategy.fsdp_param_dtype=float32]
 set -uo pipefail
 out=${1:-outputs/multi_gpu}
 shift || true
@@ -21,10 +22,12 @@ run() {  # run NAME OVERRIDES...: one training run, its log, its exit status
   echo "$name: exit $rc after $((SECONDS - t0)) s (log: $out/$name.log)"
   [ $rc -eq 0 ] || tail -c 2000 "$out/$name.log" | tr '\r' '\n' | tail -15
 }
-run gpu1 strategy=single
-run ddp2 strategy=ddp strategy.devices=2
-run fsdp2 strategy=fsdp strategy.devices=2
+runs=" ${RUNS:-gpu1 ddp2 fsdp2} "  # a subset, e.g. RUNS="fsdp2" with strategy.fsdp_param_dtype=float32
+[[ $runs == *" gpu1 "* ]] && run gpu1 strategy=single
+[[ $runs == *" ddp2 "* ]] && run ddp2 strategy=ddp strategy.devices=2
+[[ $runs == *" fsdp2 "* ]] && run fsdp2 strategy=fsdp strategy.devices=2
 for src in ddp2 fsdp2; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
+  [[ $runs == *" $src "* ]] || continue
   if [ -d "$out/$src/checkpoints/step-00000020" ]; then
     mkdir -p "$out/${src}_on1/checkpoints"
     cp -r "$out/$src/checkpoints/step-00000020" "$out/${src}_on1/checkpoints/"
