@@ -76,6 +76,19 @@ def test_fsdp_mixed_precision_policies():
         _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="fp8"), "bf16-mixed")
 
 
+def test_fsdp_sharding_strategy():
+    from torch.distributed.fsdp import ShardingStrategy
+
+    from fox_train.config import StrategyConfig
+    from fox_train.train import _fsdp_strategy
+
+    assert _fsdp_strategy(StrategyConfig(name="fsdp"), "bf16-mixed").sharding_strategy == ShardingStrategy.FULL_SHARD
+    st = _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_sharding="SHARD_GRAD_OP"), "bf16-mixed")
+    assert st.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+    with pytest.raises(ValueError, match="strategy.fsdp_sharding must be one of"):
+        _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_sharding="ZERO3"), "bf16-mixed")
+
+
 def test_batch_not_divisible_by_devices():
     with pytest.raises(ValueError, match="multiple of micro_batch_size x devices = 3 x 2"):
         Sampler(100, global_batch=8, micro_batch=3, world_size=2, shuffle=False, seed=0)

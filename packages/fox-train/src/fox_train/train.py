@@ -109,6 +109,9 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
     return root / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+
+
 def _fsdp_strategy(s, precision: str):
     """FSDP wrapping each block. Under a mixed precision, ``s.fsdp_param_dtype`` = bfloat16 keeps Fabric's
     policy (bf16 parameters, reductions, buffers); float32 gathers float32 parameters, reduces in float32
@@ -120,10 +123,13 @@ def _fsdp_strategy(s, precision: str):
 
     if s.fsdp_param_dtype not in ("float32", "bfloat16"):
         raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
+    if s.fsdp_sharding not in FSDP_SHARDING:
+        raise ValueError(f"strategy.fsdp_sharding must be one of {FSDP_SHARDING}, got {s.fsdp_sharding!r}")
     mixed = None
     if "mixed" in precision and s.fsdp_param_dtype == "float32":
         mixed = MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    return FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full", mixed_precision=mixed)
+    return FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full", mixed_precision=mixed,
+                        sharding_strategy=s.fsdp_sharding)
 
 
 def _fabric(cfg: TrainConfig) -> L.Fabric:
