@@ -10,7 +10,8 @@ FlashAttention-2 structure with the FoX bias ``c_i - c_j`` added to every score 
   ``adaptive_threshold``) negligibly decayed blocks are never visited;
 * the gate gradient ``dc_j = sum_l ds_jl - sum_i ds_ij`` is a column sum taken in the dK/dV pass plus a
   row sum taken in the dQ pass, each position owned by one program, so no atomics are needed and
-  gradients are bit-reproducible;
+  gradients are bit-reproducible (the opt-in one-pass backward, ``FOX_KERNEL_BACKWARD=fused``, instead
+  adds dQ and the row sums from the dK/dV programs with atomics; see ``fused_backward``);
 * the row term ``c_i`` is constant along each softmax row, so it is left out of the tiles and folded
   into the log-sum-exp (forward) or the row vector ``lse - c_i`` (backward): one tile op less per block;
 * on Hopper, K/V (forward, dQ) and Q/dO (dK/dV) tiles come through TMA tensor descriptors;
