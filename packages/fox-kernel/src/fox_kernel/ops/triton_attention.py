@@ -713,7 +713,8 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     fused = fused_backward()
     cfg = _config("fused" if fused else "dkdv", D, q.dtype, q.device)
     q_desc, do_desc = _descriptors((q, do), cfg["BLOCK_M"], cfg, use_tma)
-    dc_row = torch.zeros(B, H, Tq, dtype=torch.float32, device=q.device)
+    # the row term of dc: summed into with atomics (one pass), or written once per row by the dQ pass
+    dc_row = (torch.zeros if fused else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
     if fused:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
         dq_acc = torch.zeros(B, H, D, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         dq_desc = dq_acc
