@@ -247,3 +247,32 @@ def test_max_row_norms_and_auto_bound(device_dtype):
         got = pruning_threshold(x, k, 0.3, 131)
         ref = pruning_threshold(x.cpu(), k.cpu(), 0.3, 131)
         torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_local_prefix_sums(device_dtype, varlen):
+    """The float32 tile-local sums the kernels read: (c_p - c_a) * log2(e), a = start of p's tile,
+    tiles at origin + k * seg of every sequence, against the same thing in float64 torch."""
+    device, _ = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("the Triton kernel runs on CUDA or in the interpreter")
+    from fox_kernel.ops.gates import prefix_sums
+    from fox_kernel.ops.triton_attention import local_sums
+
+    g = torch.Generator().manual_seed(7)
+    lengths = [37, 70, 5] if varlen else [83, 83]
+    T = sum(lengths) if varlen else lengths[0]
+    B = 1 if varlen else len(lengths)
+    lf = random_log_fgate((B, T, 3), speed="fast", generator=g).to(device)
+    c = prefix_sums(lf, None)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device) if varlen else None
+    bounds = [(int(cu[i]), int(cu[i + 1])) for i in range(len(lengths))] if varlen else [(0, T)]
+    for seg, origin in [(16, 0), (32, 0), (16, 5)]:
+        got = local_sums(c, cu, len(lengths) if varlen else B, max(lengths), seg, origin)
+        want = torch.empty_like(c)
+        for bos, eos in bounds:
+            for p in range(eos - bos):
+                a = 0 if p < origin else origin + (p - origin) // seg * seg
+                want[..., bos + p] = (c[..., bos + p] - c[..., bos + a]) * 1.4426950408889634
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+        assert got.abs().max() > 0.5  # gates are fast: the sums within a tile are far from zero

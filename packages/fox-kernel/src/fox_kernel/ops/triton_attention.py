@@ -3,9 +3,10 @@
 FlashAttention-2 structure with the FoX bias ``c_i - c_j`` added to every score tile:
 
 * scores are kept in the log2 domain (``sm_scale * log2(e)`` folded into one multiply, ``exp2``);
-* the prefix sums ``c`` are stored in float64 and each tile subtracts an anchor (``c`` at the tile's
-  first row) before rounding to float32, so the bias is exact to the size of the *local* sum even when
-  ``|c|`` is large (long sequences, fast-forgetting heads);
+* the prefix sums ``c`` are stored in float64 and each tile measures the bias from an anchor (``c`` at
+  the tile's first row), so it is exact to the size of the *local* sum even when ``|c|`` is large (long
+  sequences, fast-forgetting heads); the per-column values come as float32 offsets within their tile
+  (``local_sums``) plus one float64 offset per tile, so no float64 work is done per column;
 * key blocks left of a query tile's diagonal run without the causal mask; fully padded and (with
   ``adaptive_threshold``) negligibly decayed blocks are never visited;
 * the gate gradient ``dc_j = sum_l ds_jl - sum_i ds_ij`` is a column sum taken in the dK/dV pass plus a
@@ -57,6 +58,33 @@ def _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl
     else:
         s0 = 0
     return row, bos, t_q, t_k, s0
+
+
+@triton.jit
+def _local_sums_kernel(C, CU, OUT, stride_cb, stride_ch, H, T, origin, IS_VARLEN: tl.constexpr, SEG: tl.constexpr):
+    """``(c_p - c_a) * log2(e)`` in float32, ``a`` the start of ``p``'s segment: segments (a pass's
+    tiles) start at ``origin + k * SEG`` of each sequence (positions before ``origin`` take position 0)."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    row, bos, t, _, _ = _bounds(CU, C, b, T, T, IS_VARLEN, False)
+    start = origin + (pid_s - 1) * SEG
+    if start >= t:
+        return
+    pos = start + tl.arange(0, SEG)
+    mask = (pos >= 0) & (pos < t)
+    base = row * stride_cb + h * stride_ch + bos
+    a = tl.load(C + base + tl.maximum(start, 0))
+    x = tl.load(C + base + pos, mask=mask, other=0.0)
+    tl.store(OUT + base + pos, ((x - a) * 1.4426950408889634).to(tl.float32), mask=mask)
+
+
+@triton.jit
+def _segment_offset(c_ptr, anchor, seg_pos):
+    """log2(e) * (c at a tile's first position - the anchor) in float32: added to the local sums it gives
+    ``(c_j - anchor) * log2(e)`` for every position j of the tile, with one float64 op per tile."""
+    return ((tl.load(c_ptr + seg_pos) - anchor) * 1.4426950408889634).to(tl.float32)
 
 
 @triton.jit
@@ -175,7 +203,7 @@ def _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, 
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
                CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
                USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -183,8 +211,7 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, 
     mask_n = kn < t_k
     k, v = _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
                      CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
-    c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
-    c_k2 = (c_k - anchor).to(tl.float32) * 1.4426950408889634
+    c_k2 = tl.load(cl_ptr + kn, mask=mask_n, other=0.0) + _segment_offset(c_ptr, anchor, start_n)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
@@ -200,7 +227,7 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, 
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, C, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC,
+    Q, K, V, C, CL, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -245,15 +272,19 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start_n in range(lo, mid, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
-                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
-                                   row.to(tl.int32), bos, hk, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D)
+    # the diagonal blocks first, then the fully visible ones from right to left (nearest keys first:
+    # 3-7% faster on an H200 than left to right)
+    cl_ptr = CL + row * stride_cb + h * stride_ch + bos
     for start_n in range(mid, hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
                                    row.to(tl.int32), bos, hk, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                   BLOCK_N, BLOCK_D)
+    for jj in range(0, (mid - lo) // BLOCK_N):
+        start_n = mid - BLOCK_N - jj * BLOCK_N
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
+                                   row.to(tl.int32), bos, hk, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
                                    BLOCK_N, BLOCK_D)
 
     seen = l_i > 0.0
@@ -314,7 +345,7 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stri
 
 
 @triton.jit
-def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor, offs_n,
+def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor, offs_n,
                 s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d, q_desc, do_desc, row, bos, h,
                 dq_ptr, dcrow_ptr, dq_desc, stride_qad, offs_d,
                 BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr,
@@ -330,9 +361,9 @@ def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_p
         do = tl.load(do_ptrs + rows * stride_dot, mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     delta = tl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
     pos_m = offs_m + shift
-    c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
     # log2 of the softmax denominator less the row term c_i of the bias (one vector, not a tile, op)
-    lse2 = (tl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf")) - (c_q - anchor).to(tl.float32)) * 1.4426950408889634
+    c_q2 = tl.load(clq_ptr + pos_m, mask=mask_m, other=0.0) + _segment_offset(c_ptr, anchor, shift + start_m)
+    lse2 = tl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf")) * 1.4426950408889634 - c_q2
     s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2 - c_k2[:, None]
     if CAUSAL:
         s_t = tl.where(offs_n[:, None] <= pos_m[None, :], s_t, float("-inf"))
@@ -381,7 +412,7 @@ def _last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.co
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, C, SEQ_START, CU, RANGE, DO, LSE, DELTA, DK, DV, DC, A_DESC, B_DESC, DQ_ACC, DC_ROW, DQ_DESC,
+    Q, K, V, C, CLQ, SEQ_START, CU, RANGE, DO, LSE, DELTA, DK, DV, DC, A_DESC, B_DESC, DQ_ACC, DC_ROW, DQ_DESC,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -419,6 +450,7 @@ def _dkdv_kernel(
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + row * stride_cb + h * stride_ch + bos
+        clq_ptr = CLQ + row * stride_cb + h * stride_ch + bos
         anchor = tl.load(c_ptr + pid_n * BLOCK_N)
         c_k = tl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(tl.float32) * 1.4426950408889634
@@ -433,13 +465,13 @@ def _dkdv_kernel(
             m_hi = tl.load(RANGE + (b * H + h).to(tl.int64) * n_blk + pid_n)
         dc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start_m in range(m_lo, m_mid, BLOCK_M):
-            dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor,
+            dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
                                      A_DESC, B_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
                                      stride_qad, offs_d, BLOCK_M, True, HAS_SEQ_START, PRECISION, USE_TMA,
                                      BLOCK_D, FUSED_DQ)
         for start_m in range(m_mid, m_hi, BLOCK_M):
-            dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, anchor,
+            dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
                                      A_DESC, B_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
                                      stride_qad, offs_d, BLOCK_M, False, HAS_SEQ_START, PRECISION, USE_TMA,
@@ -452,7 +484,7 @@ def _dkdv_kernel(
 
 
 @triton.jit
-def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
               USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -460,8 +492,8 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos
     mask_n = kn < t_k
     k, v = _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
                      CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
-    c_k = tl.load(c_ptr + kn, mask=mask_n, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - ((c_k - anchor).to(tl.float32) * 1.4426950408889634)[None, :]
+    c_k2 = tl.load(cl_ptr + kn, mask=mask_n, other=0.0) + _segment_offset(c_ptr, anchor, start_n)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
     if HAS_SEQ_START:
@@ -475,7 +507,7 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, C, SEQ_START, CU, RANGE, DO, LSE, DELTA, DQ, DC_ROW, A_DESC, B_DESC,
+    Q, K, V, C, CL, SEQ_START, CU, RANGE, DO, LSE, DELTA, DQ, DC_ROW, A_DESC, B_DESC,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -511,6 +543,7 @@ def _dq_kernel(
     k_ptrs = K + row * stride_kb + hk * stride_kh + bos * stride_kt + offs_d[None, :]
     v_ptrs = V + row * stride_vb + hk * stride_vh + bos * stride_vt + offs_d[None, :]
     c_ptr = C + row * stride_cb + h * stride_ch + bos
+    cl_ptr = CL + row * stride_cb + h * stride_ch + bos
     first = pid_m * BLOCK_M + shift
     anchor = tl.load(c_ptr + first)
     c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
@@ -527,16 +560,31 @@ def _dq_kernel(
     # pass 30-40% slower on an H200 (same results); the counted loop runs as fast as lo = 0
     for jj in range(0, (mid - lo) // BLOCK_N):
         start_n = lo + jj * BLOCK_N
-        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
                                False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
     for start_n in range(mid, hi, BLOCK_N):
-        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, anchor, pos_m, s0, t_k, start_n,
+        dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
                                True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
     dq_ptrs = DQ + row * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
     tl.store(DC_ROW + row * stride_lb + h * stride_lh + bos + offs_m, dc_row, mask=mask_m)
+
+
+# Copies of the kernels that do not specialise on the sequence lengths, used when one of them is 1:
+# Triton turns a length of 1 into a constant, and that made ptxas (Triton 3.6, sm90) crash on the dQ
+# kernel. Other lengths keep the specialised kernels (not specialising cost 10-20% at T=16k).
+_LENGTHS = ("Tq", "Tk")
+_ANY_LENGTH = {}
+
+
+def _kernel(kernel, Tq, Tk):
+    if min(Tq, Tk) > 1:
+        return kernel
+    if kernel not in _ANY_LENGTH:
+        _ANY_LENGTH[kernel] = triton.jit(do_not_specialize=_LENGTHS)(kernel.fn)
+    return _ANY_LENGTH[kernel]
 
 
 def interpreting() -> bool:
@@ -636,6 +684,19 @@ def _grid_rows(cu_seqlens, batch, length):
     return cu_seqlens.numel() - 1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
 
 
+def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
+    """The prefix sums as float32 offsets from the start of their ``seg``-long tile, times log2(e): the
+    kernels add one float64 offset per tile to them instead of converting every float64 ``c_j``
+    (float64 subtraction and conversion per score column cost up to 10% of the forward at D=128)."""
+    out = torch.empty_like(c, dtype=torch.float32)  # same strides: the kernels index both alike
+    H = c.shape[1]
+    t = c.shape[-1] if cu_seqlens is None else t_max  # keys of the longest sequence
+    grid = (triton.cdiv(max(t - origin, 0), seg) + 1, n_rows * H)
+    _local_sums_kernel[grid](c, cu_seqlens, out, c.stride(0), c.stride(1), H, c.shape[-1], origin,
+                             IS_VARLEN=cu_seqlens is not None, SEG=seg, num_warps=4)
+    return out
+
+
 def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -647,8 +708,8 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     grid, heads_first = _grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), D, H // Hkv)
     use_tma = cu_seqlens is None and _use_tma(k, v)
     k_desc, v_desc = _descriptors((k, v), cfg["BLOCK_N"], cfg, use_tma)
-    _fwd_kernel[grid](
-        q, k, v, c, seq_start, cu_seqlens, threshold, out, lse, k_desc, v_desc,
+    _kernel(_fwd_kernel, Tq, Tk)[grid](
+        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, threshold, out, lse, k_desc, v_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, D, sm_scale * LOG2E,
@@ -726,9 +787,11 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     else:
         dq_acc = dq_desc = dc_row  # not touched
     ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
+    # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
+    clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
     grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]))
-    _dkdv_kernel[grid](
-        q, k, v, c, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
+    _kernel(_dkdv_kernel, Tq, Tk)[grid](
+        q, k, v, c, clq, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
         dq_acc, dc_row, dq_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), *_strides3(dq_acc),
@@ -754,8 +817,8 @@ def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, d
     k_desc, v_desc = _descriptors((k, v), cfg["BLOCK_N"], cfg, use_tma)
     ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True)
     grid, heads_first = _grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]))
-    _dq_kernel[grid](
-        q, k, v, c, seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,
+    _kernel(_dq_kernel, Tq, Tk)[grid](
+        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dq),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, **flags, **cfg,
