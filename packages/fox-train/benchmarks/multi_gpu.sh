@@ -4,6 +4,8 @@
 # 2-GPU runs resumed on one GPU. Prints losses and throughput side by side and writes OUT/summary.json.
 # Each run has its own log (OUT/<run>.log) and time limit (RUN_TIMEOUT seconds, default 300), so one
 # that hangs or fails is reported and the others still run.
+# Runs: gpu1, ddp2, fsdp2 (FSDP, FullyShardedDataParallel), fullyshard2 (strategy=fsdp2: FSDP2's
+# fully_shard); the default is "gpu1 ddp2 fsdp2".
 # Usage: [PYTHON=python3] [RUNS="gpu1 ddp2 fsdp2"] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides,
 #        e.g. strategy.fsdp_param_dtype=float32]
 set -uo pipefail
@@ -26,7 +28,8 @@ runs=" ${RUNS:-gpu1 ddp2 fsdp2} "  # a subset, e.g. RUNS="fsdp2" with strategy.f
 [[ $runs == *" gpu1 "* ]] && run gpu1 strategy=single
 [[ $runs == *" ddp2 "* ]] && run ddp2 strategy=ddp strategy.devices=2
 [[ $runs == *" fsdp2 "* ]] && run fsdp2 strategy=fsdp strategy.devices=2
-for src in ddp2 fsdp2; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
+[[ $runs == *" fullyshard2 "* ]] && run fullyshard2 strategy=fsdp2 strategy.devices=2
+for src in ddp2 fsdp2 fullyshard2; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
   [[ $runs == *" $src "* ]] || continue
   if [ -d "$out/$src/checkpoints/step-00000020" ]; then
     mkdir -p "$out/${src}_on1/checkpoints"
@@ -42,18 +45,18 @@ import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 base, summary = None, {}
-print(f"{'run':10s} {'loss@8':>8s} {'loss@20':>8s} {'loss@32':>8s} {'loss@40':>8s} {'tokens/s':>10s} {'scaling':>8s}")
-for run in ("gpu1", "ddp2", "fsdp2", "ddp2_on1", "fsdp2_on1"):
+print(f"{'run':16s} {'loss@8':>8s} {'loss@20':>8s} {'loss@32':>8s} {'loss@40':>8s} {'tokens/s':>10s} {'scaling':>8s}")
+for run in ("gpu1", "ddp2", "fsdp2", "fullyshard2", "ddp2_on1", "fsdp2_on1", "fullyshard2_on1"):
     path = out / run / "metrics.jsonl"
     recs = [json.loads(l) for l in path.read_text().splitlines() if '"loss"' in l] if path.exists() else []
     if not recs:
-        print(f"{run:10s} no metrics")
+        print(f"{run:16s} no metrics")
         continue
     loss = {r["step"]: r["loss"] for r in recs}
     tps = statistics.median(r["tokens_per_s"] for r in recs if r["step"] > 4 or len(recs) < 3)
     base = base or tps
     summary[run] = dict(loss=loss, tokens_per_s=tps, scaling=tps / base)
     cells = " ".join(f"{loss[s]:8.4f}" if s in loss else f"{'-':>8s}" for s in (8, 20, 32, 40))
-    print(f"{run:10s} {cells} {tps:10,.0f} {tps / base:8.2f}")
+    print(f"{run:16s} {cells} {tps:10,.0f} {tps / base:8.2f}")
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 PY

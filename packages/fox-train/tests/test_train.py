@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -87,6 +88,46 @@ def test_fsdp_sharding_strategy():
     assert st.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
     with pytest.raises(ValueError, match="strategy.fsdp_sharding must be one of"):
         _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_sharding="ZERO3"), "bf16-mixed")
+
+
+def test_fsdp2_options_are_checked():
+    from fox_train.config import StrategyConfig
+    from fox_train.train import _fsdp2_strategy
+
+    with pytest.raises(ValueError, match="strategy.fsdp_sharding must be FULL_SHARD or SHARD_GRAD_OP with fsdp2"):
+        _fsdp2_strategy(StrategyConfig(name="fsdp2", devices=2, fsdp_sharding="HYBRID_SHARD"), "bf16-mixed")
+    with pytest.raises(ValueError, match="strategy.fsdp_param_dtype must be"):
+        _fsdp2_strategy(StrategyConfig(name="fsdp2", devices=2, fsdp_param_dtype="fp8"), "bf16-mixed")
+    with pytest.raises(ValueError, match="strategy.devices must be a device count or list with fsdp2"):
+        _fsdp2_strategy(StrategyConfig(name="fsdp2", devices="auto"), "bf16-mixed")
+    with pytest.raises((SystemExit, ValueError), match="strategy.name must be one of"):
+        main(["strategy.name=zero3", *SMALL])
+
+
+def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_path):
+    """FSDP2 (fully_shard) over two gloo processes: the same loss curve as one process at the same global
+    batch (float32: equal to rounding), and its checkpoint resumes in one process, continuing the curve."""
+    args = [f"out_dir={tmp_path}", "model=fox-pro-tiny", "strategy.accelerator=cpu", "schedule.total_tokens=1536",
+            "checkpoint_every=3", "eval_every=1000", "log_every=1", "export=false", *SMALL[:4], "micro_batch_size=2",
+            *SMALL[5:]]
+    main([*args, "run_name=one"])
+    one = {r["step"]: r["loss"] for r in _records(tmp_path / "one") if "loss" in r}
+    run = subprocess.run([sys.executable, "-m", "fox_train.cli", *args, "run_name=two", "strategy=fsdp2",
+                          "strategy.devices=2"], env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    two = {r["step"]: r["loss"] for r in _records(tmp_path / "two") if "loss" in r}
+    assert sorted(two) == sorted(one) == list(range(1, 7))
+    assert one[6] < one[1] - 0.3  # it learns
+    for step in one:
+        assert abs(two[step] - one[step]) < 1e-4, (step, one[step], two[step])
+    (tmp_path / "on1" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "two" / "checkpoints" / "step-00000003", tmp_path / "on1" / "checkpoints" / "step-00000003")
+    main([*args, "run_name=on1", "resume=true"])
+    resumed = {r["step"]: r["loss"] for r in _records(tmp_path / "on1") if "loss" in r}
+    assert sorted(resumed) == [4, 5, 6]
+    for step in resumed:
+        assert abs(resumed[step] - two[step]) < 1e-4, (step, two[step], resumed[step])
 
 
 def test_batch_not_divisible_by_devices():

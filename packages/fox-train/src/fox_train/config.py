@@ -85,14 +85,15 @@ class ScheduleConfig:
 @dataclass
 class StrategyConfig:
     name: str = "single"
-    """single | ddp | fsdp (through Lightning Fabric)."""
+    """single | ddp | fsdp | fsdp2 (through Lightning Fabric; fsdp2 is PyTorch's per-parameter
+    ``fully_shard`` through Fabric's ModelParallelStrategy)."""
     accelerator: str = "auto"
     devices: Any = 1
     num_nodes: int = 1
     precision: str | None = None
     """Fabric precision; default bf16-mixed on GPU, 32-true on CPU."""
     fsdp_param_dtype: str = "bfloat16"
-    """FSDP under a mixed precision: dtype of the gathered parameters in forward and backward. bfloat16
+    """FSDP and FSDP2 under a mixed precision: dtype of the gathered parameters in forward and backward. bfloat16
     (default; Fabric's own policy: bf16 weights, reductions and buffers) halves the all-gather traffic;
     float32 keeps master weights in the compute with bf16 autocast and float32 reductions, as DDP does.
     Both followed the one-GPU loss curve within 0.5% on 2 x H200 (docs/performance.md)."""
@@ -100,7 +101,8 @@ class StrategyConfig:
     """FSDP sharding strategy: FULL_SHARD (parameters, gradients and optimizer state; parameters are
     gathered again in the backward), SHARD_GRAD_OP (keeps gathered parameters from forward to backward:
     fewer all-gathers, more memory; suits small models), HYBRID_SHARD (full sharding within a node,
-    replication across nodes) or NO_SHARD."""
+    replication across nodes) or NO_SHARD. FSDP2 takes FULL_SHARD or SHARD_GRAD_OP (its
+    ``reshard_after_forward`` true or false)."""
 
 
 @dataclass
@@ -163,7 +165,7 @@ def register() -> None:
         cs.store(group="data", name=name, node=DataConfig(source=name))
     cs.store(group="optimizer", name="adamw", node=OptimizerConfig())
     cs.store(group="schedule", name="warmup_cosine", node=ScheduleConfig())
-    for name in ("single", "ddp", "fsdp"):
+    for name in ("single", "ddp", "fsdp", "fsdp2"):
         cs.store(group="strategy", name=name, node=StrategyConfig(name=name))
 
 

@@ -132,15 +132,55 @@ def _fsdp_strategy(s, precision: str):
                         sharding_strategy=s.fsdp_sharding)
 
 
+def _fsdp2_strategy(s, precision: str):
+    """FSDP2 (``fully_shard`` on every block, then on the whole model) through Fabric's
+    ModelParallelStrategy, checkpoints as one full file like the other strategies'. Under a mixed
+    precision, ``s.fsdp_param_dtype`` = bfloat16 gathers bf16 parameters and reduces gradients in float32;
+    float32 gathers float32 parameters (autocast runs the matmuls in bf16)."""
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    if s.fsdp_param_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
+    if s.fsdp_sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        raise ValueError(f"strategy.fsdp_sharding must be FULL_SHARD or SHARD_GRAD_OP with fsdp2, got {s.fsdp_sharding!r}")
+    reshard = s.fsdp_sharding == "FULL_SHARD"
+    bf16 = "mixed" in precision and s.fsdp_param_dtype == "bfloat16"
+
+    def parallelize(model, mesh):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        kw = dict(mesh=mesh["data_parallel"], reshard_after_forward=reshard)
+        if bf16:
+            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.model.layers:
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
+        return model
+
+    if isinstance(s.devices, int) and s.devices > 0:
+        per_node = s.devices
+    elif isinstance(s.devices, (list, tuple)) or (isinstance(s.devices, str) and "," in s.devices):
+        per_node = len(s.devices if not isinstance(s.devices, str) else [d for d in s.devices.split(",") if d.strip()])
+    else:
+        raise ValueError(f"strategy.devices must be a device count or list with fsdp2, got {s.devices!r}")
+    return ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=per_node * s.num_nodes,
+                                 tensor_parallel_size=1, save_distributed_checkpoint=False)
+
+
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp2")
+
+
 def _fabric(cfg: TrainConfig) -> L.Fabric:
     s = cfg.strategy
     gpu = torch.cuda.is_available() and s.accelerator in ("auto", "gpu", "cuda")
     precision = s.precision or ("bf16-mixed" if gpu else "32-true")
-    strategy = {"single": "auto", "ddp": "ddp", "fsdp": "fsdp"}.get(s.name)
-    if strategy is None:
-        raise ValueError(f"strategy.name must be single, ddp or fsdp, got {s.name!r}")
-    if strategy == "fsdp":
+    if s.name not in STRATEGIES:
+        raise ValueError(f"strategy.name must be one of {STRATEGIES}, got {s.name!r}")
+    strategy = {"single": "auto", "ddp": "ddp"}.get(s.name)
+    if s.name == "fsdp":
         strategy = _fsdp_strategy(s, precision)
+    elif s.name == "fsdp2":
+        strategy = _fsdp2_strategy(s, precision)
     return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
                     precision=precision)
 
@@ -202,8 +242,13 @@ def train(cfg: TrainConfig) -> Path:
     n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
     flops_tok = flops_per_token(config, seq_len, n_params)
     o = cfg.optimizer
+    if cfg.strategy.name == "fsdp2":  # fully_shard swaps in new (DTensor) parameters: optimizer after it
+        model = fabric.setup_module(model)
     optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-    model, optimizer = fabric.setup(model, optimizer)
+    if cfg.strategy.name == "fsdp2":
+        optimizer = fabric.setup_optimizers(optimizer)
+    else:
+        model, optimizer = fabric.setup(model, optimizer)
 
     state = {"model": model, "optimizer": optimizer, "step": 0}
     start = 0
