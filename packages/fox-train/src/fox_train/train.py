@@ -112,6 +112,11 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
 FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 
 
+def _check_param_dtype(s) -> None:
+    if s.fsdp_param_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
+
+
 def _fsdp_strategy(s, precision: str):
     """FSDP wrapping each block. Under a mixed precision, ``s.fsdp_param_dtype`` = bfloat16 keeps Fabric's
     policy (bf16 parameters, reductions, buffers); float32 gathers float32 parameters, reduces in float32
@@ -121,8 +126,7 @@ def _fsdp_strategy(s, precision: str):
 
     from fox_models.modeling import FoxBlock
 
-    if s.fsdp_param_dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
+    _check_param_dtype(s)
     if s.fsdp_sharding not in FSDP_SHARDING:
         raise ValueError(f"strategy.fsdp_sharding must be one of {FSDP_SHARDING}, got {s.fsdp_sharding!r}")
     mixed = None
@@ -139,8 +143,7 @@ def _fsdp2_strategy(s, precision: str):
     float32 gathers float32 parameters (autocast runs the matmuls in bf16)."""
     from lightning.fabric.strategies import ModelParallelStrategy
 
-    if s.fsdp_param_dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
+    _check_param_dtype(s)
     if s.fsdp_sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
         raise ValueError(f"strategy.fsdp_sharding must be FULL_SHARD or SHARD_GRAD_OP with fsdp2, got {s.fsdp_sharding!r}")
     reshard = s.fsdp_sharding == "FULL_SHARD"
@@ -242,13 +245,15 @@ def train(cfg: TrainConfig) -> Path:
     n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
     flops_tok = flops_per_token(config, seq_len, n_params)
     o = cfg.optimizer
+
+    def adamw(m):
+        return torch.optim.AdamW(param_groups(m, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
     if cfg.strategy.name == "fsdp2":  # fully_shard swaps in new (DTensor) parameters: optimizer after it
         model = fabric.setup_module(model)
-    optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
-    if cfg.strategy.name == "fsdp2":
-        optimizer = fabric.setup_optimizers(optimizer)
+        optimizer = fabric.setup_optimizers(adamw(model))
     else:
-        model, optimizer = fabric.setup(model, optimizer)
+        model, optimizer = fabric.setup(model, adamw(model))
 
     state = {"model": model, "optimizer": optimizer, "step": 0}
     start = 0
