@@ -15,6 +15,12 @@ FlashAttention-2 structure with the FoX bias ``c_i - c_j`` added to every score 
   adds dQ and the row sums from the dK/dV programs with atomics; see ``fused_backward``);
 * the row term ``c_i`` is constant along each softmax row, so it is left out of the tiles and folded
   into the log-sum-exp (forward) or the row vector ``lse - c_i`` (backward): one tile op less per block;
+* the forward's softmax runs without a running maximum where it can: ``|q_i| max_j |k_j| s`` bounds
+  every score and ``c`` never increases, so one number per query tile bounds every exponent of the
+  tile; when each row's own largest term lies within ``FIXED_BOUND_GAP`` (log2) of it, far inside
+  float32's range, the tile skips the row maxima and the rescaling of the accumulator (10-15% of the
+  forward on an H200); the other tiles (large norms, or gates that decay much across a tile) are run
+  by a second, online launch;
 * on Hopper, K/V (forward, dQ) and Q/dO (dK/dV) tiles come through TMA tensor descriptors;
 * the forward launches the heaviest (last) query blocks first; with ``adaptive_threshold`` the
   backward's kept ranges are found by a small kernel up front (the forward searches in place);
@@ -27,6 +33,7 @@ gives the sequence bounds; the grid then runs over sequences.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -204,19 +211,34 @@ def _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, 
 
 @triton.jit
 def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
-               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
+               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, bound,
                CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-               USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+               USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr):
+    """One key block of the softmax; FIXED: ``bound`` bounds every exponent of the tile and is
+    subtracted with the column term, so there is no row maximum and no rescaling."""
     kn = start_n + offs_n
     mask_n = kn < t_k
     k, v = _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
                      CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
     c_k2 = tl.load(cl_ptr + kn, mask=mask_n, other=0.0) + _segment_offset(c_ptr, anchor, start_n)
+    if FIXED:
+        c_k2 += bound
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
     if HAS_SEQ_START:
         s = tl.where(kn[None, :] >= s0, s, float("-inf"))
+    if FIXED:
+        p = tl.math.exp2(s)
+        if CAUSAL:
+            # diagonal block: the sum of the rounded weights the dot uses, so a row with a few keys is
+            # as exact as in the online form (whose largest weight, 1, rounds to itself)
+            p = p.to(v.dtype)
+            l_i += tl.sum(p.to(tl.float32), 1)
+        else:
+            l_i += tl.sum(p, 1)
+        acc += tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return acc, l_i, m_i
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)
@@ -226,8 +248,51 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
 
 
 @triton.jit
+def _fixed_bound(q, c_q2, mask_m, kmax2, sm_scale2, GAP: tl.constexpr):
+    """(bound, usable) for a query tile: ``bound >= s_ij * sm_scale2 - c2_j`` for every visible pair
+    (log2 units, ``c2`` measured from the tile's anchor; ``|q_i| max|k| |s| log2(e)`` bounds the score
+    and ``c_j >= c_i`` for every visible key), and whether each row's diagonal term, the least its
+    largest term can be, lies within GAP of it: then the terms that matter stay far above float32's
+    smallest numbers (terms 2^-GAP below the bound are still 2^(126 - GAP) above them)."""
+    qf = q.to(tl.float32)
+    u = tl.sqrt(tl.sum(qf * qf, 1) * kmax2) * tl.abs(sm_scale2)
+    row_bound = u - c_q2
+    bound = tl.max(tl.where(mask_m, row_bound, float("-inf")), 0)
+    # the diagonal term of row i is at least 2^(-2 u_i) of the row's own bound
+    gap = tl.max(tl.where(mask_m, 2.0 * u + (bound - row_bound), 0.0), 0)
+    return bound, gap <= GAP
+
+
+@triton.jit
+def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, mid, hi, bound,
+               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
+               HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr):
+    if FIXED:
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + bound
+    else:
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # the diagonal blocks first, then the fully visible ones from right to left (nearest keys first:
+    # 3-7% faster on an H200 than left to right)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
+                                   row, bos, hk, bound, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                   BLOCK_N, BLOCK_D, FIXED)
+    for jj in range(0, (mid - lo) // BLOCK_N):
+        start_n = mid - BLOCK_N - jj * BLOCK_N
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
+                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
+                                   row, bos, hk, bound, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                   BLOCK_N, BLOCK_D, FIXED)
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_kernel(
-    Q, K, V, C, CL, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC,
+    Q, K, V, C, CL, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC, KMAX2, ONLINE,
     stride_qb, stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -237,14 +302,21 @@ def _fwd_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, MODE: tl.constexpr, GAP: tl.constexpr,
 ):
+    """MODE 0: every query tile with the online softmax. MODE 1: the tiles whose fixed bound is usable
+    (the others are marked in ONLINE), MODE 2: the marked tiles, online (one kernel holding both
+    loops needed twice the shared memory)."""
     pid_m, pid_bh, n_blk = _block_and_head(HEADS_FIRST, True)
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t_q, t_k, s0 = _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
     if pid_m * BLOCK_M >= t_q:
         return
+    tile = pid_bh.to(tl.int64) * n_blk + pid_m
+    if MODE == 2:  # noqa: SIM102 (a compile-time test, then a run-time one)
+        if tl.load(ONLINE + tile) == 0:
+            return
     shift = t_k - t_q
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -269,23 +341,17 @@ def _fwd_kernel(
         delta = tl.load(THRESH + b * H + h)
         lo = _first_kept_key_block(c_ptr, anchor, delta, lo, mid, BLOCK_N, SCAN)
 
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # the diagonal blocks first, then the fully visible ones from right to left (nearest keys first:
-    # 3-7% faster on an H200 than left to right)
     cl_ptr = CL + row * stride_cb + h * stride_ch + bos
-    for start_n in range(mid, hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
-                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
-                                   row.to(tl.int32), bos, hk, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D)
-    for jj in range(0, (mid - lo) // BLOCK_N):
-        start_n = mid - BLOCK_N - jj * BLOCK_N
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
-                                   start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
-                                   row.to(tl.int32), bos, hk, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D)
+    bound = 0.0
+    if MODE == 1:
+        bound, usable = _fixed_bound(q, c_q2, mask_m, tl.load(KMAX2 + row * (H // GROUP) + hk), sm_scale2, GAP)
+        tl.store(ONLINE + tile, tl.where(usable, 0, 1).to(tl.int8))
+        if not usable:
+            return
+    acc, l_i, m_i = _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, mid, hi, bound,
+                               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
+                               row.to(tl.int32), bos, hk, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                               BLOCK_M, BLOCK_N, BLOCK_D, MODE == 1)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -298,32 +364,74 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _max_norm_kernel(X, OUT, stride_b, stride_t, stride_h, H, T, D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """OUT[b, h] = max over t of |X[b, t, h, :]|^2 (float32; atomic max of non-negative values, so the
-    result does not depend on the order)."""
+def _max_sq_norm_kernel(X, Y, OUT, sxb, sxt, sxh, syb, syt, syh, HX, HY, TX, TY, D,
+                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """OUT[b, h] = max over t of |X[b, t, h, :]|^2 for h < HX, of |Y[b, t, h - HX, :]|^2 after (float32;
+    atomic max of non-negative values, so the result does not depend on the order)."""
     pid_bh = tl.program_id(0)  # heads fastest: neighbouring programs read neighbouring memory
     pid_t = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    b = pid_bh // (HX + HY)
+    h = pid_bh % (HX + HY)
+    if h < HX:
+        base = X + b.to(tl.int64) * sxb + h * sxh
+        stride_t = sxt
+        t_len = TX
+    else:
+        base = Y + b.to(tl.int64) * syb + (h - HX) * syh
+        stride_t = syt
+        t_len = TY
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_t < T)[:, None] & (offs_d < D)[None, :]
-    x = tl.load(X + b.to(tl.int64) * stride_b + h * stride_h + offs_t.to(tl.int64)[:, None] * stride_t + offs_d[None, :],
-                mask=mask, other=0.0).to(tl.float32)
-    tl.atomic_max(OUT + pid_bh, tl.max(tl.sum(x * x, 1), 0))
+    if pid_t * BLOCK_T < t_len:
+        offs_d = tl.arange(0, BLOCK_D)
+        mask = (offs_t < t_len)[:, None] & (offs_d < D)[None, :]
+        x = tl.load(base + offs_t.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.atomic_max(OUT + pid_bh, tl.max(tl.sum(x * x, 1), 0))
+
+
+def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, Hx [+ Hy]) float32: the largest squared L2 norm over time of the rows of x (B, T, Hx, D)
+    (then of y (B, T', Hy, D)), both read in one launch."""
+    B, TX, HX, D = x.shape
+    TY, HY = (y.shape[1], y.shape[2]) if y is not None else (0, 0)
+    out = torch.zeros(B, HX + HY, dtype=torch.float32, device=x.device)
+    y_ = y if y is not None else x
+    if max(TX, TY) > 0 and B > 0:
+        block_t = 64
+        _max_sq_norm_kernel[(B * (HX + HY), triton.cdiv(max(TX, TY), block_t))](
+            x, y_, out, *_strides3(x), *_strides3(y_), HX, HY, TX, TY, D, BLOCK_T=block_t,
+            BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4,
+        )
+    return out
 
 
 def max_row_norms(x: torch.Tensor) -> torch.Tensor:
     """(B, H) float32: the largest L2 norm over time of the rows of x (B, T, H, D), read once."""
-    B, T, H, D = x.shape
-    out = torch.zeros(B, H, dtype=torch.float32, device=x.device)
-    if T > 0:
-        block_t = 64
-        _max_norm_kernel[(B * H, triton.cdiv(T, block_t))](
-            x, out, x.stride(0), x.stride(1), x.stride(2), H, T, D, BLOCK_T=block_t,
-            BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=4,
-        )
-    return out.sqrt_()
+    return max_sq_row_norms(x).sqrt_()
+
+
+@triton.jit
+def _auto_threshold_kernel(N2, OUT, H, HKV, GROUP, sm_scale, const, BLOCK_H: tl.constexpr):
+    """OUT[b, h] = -2 |q|max |k|max |s| + const (const = ln eps - ln Tk) from the squared maxima N2
+    (B, H + HKV) of max_sq_row_norms(q, k): the "auto" pruning bound in one launch."""
+    b = tl.program_id(0)
+    h = tl.arange(0, BLOCK_H)
+    mask = h < H
+    qn2 = tl.load(N2 + b * (H + HKV) + h, mask=mask, other=0.0)
+    kn2 = tl.load(N2 + b * (H + HKV) + H + h // GROUP, mask=mask, other=0.0)
+    tl.store(OUT + b * H + h, -2.0 * tl.sqrt(qn2 * kn2) * tl.abs(sm_scale) + const, mask=mask)
+
+
+def auto_threshold(q, k, sm_scale, log_eps):
+    """The "auto" bound delta = -(2 U + ln Tk) + ln eps, U = max|q| max|k| s, per (row, head): (B, H)
+    float32 from one read of q and k (three launches in all)."""
+    B, _, H, _ = q.shape
+    n2 = max_sq_row_norms(q, k)
+    out = torch.empty(B, H, dtype=torch.float32, device=q.device)
+    if B > 0:
+        _auto_threshold_kernel[(B,)](n2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
+                                     float(log_eps - math.log(max(k.shape[1], 1))),
+                                     BLOCK_H=triton.next_power_of_2(H), num_warps=1)
+    return out
 
 
 @triton.jit
@@ -591,11 +699,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# Tile shapes per pass, from benchmarks/tune_tiles.py on an H200 (sm90, torch 2.11, triton 3.6, T=16k);
+# Tile shapes per pass, from benchmarks/tune_tiles.py on an H200 (sm90, torch 2.11, triton 3.6, T=16k;
+# the forward's re-swept in session 6 with the fixed softmax bound, six tiles per head dim);
 # sm80 gets them with narrower key tiles and two stages (less shared memory); older GPUs, fp32 and
 # D > 128 get small, safe tiles.
 TILES = {
-    "fwd": {64: dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2),
+    "fwd": {64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
             128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)},
     "dkdv": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
              128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
@@ -697,10 +806,23 @@ def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
     return out
 
 
+FIXED_BOUND_GAP = 80.0
+
+
+def fixed_bound_softmax(dtype: torch.dtype) -> bool:
+    """Whether the forward may run the softmax of a query tile against a fixed bound (see the module
+    docstring). Not for float16: its probabilities, as small as 2^-GAP, would leave float16's range
+    (bfloat16 and float32 share float32's exponent). ``FOX_KERNEL_FIXED_BOUND=0`` keeps the online
+    softmax everywhere (for comparison)."""
+    return dtype != torch.float16 and os.environ.get("FOX_KERNEL_FIXED_BOUND", "1") != "0"
+
+
 def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     c = prefix_sums(log_fgate, seq_start)
+    fixed = fixed_bound_softmax(q.dtype)
+    kmax2 = max_sq_row_norms(k) if fixed else None  # (B, Hkv); packed sequences share one bound
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     n_rows, t_max = _grid_rows(cu_seqlens, B, Tq)
@@ -708,15 +830,19 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     grid, heads_first = _grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), D, H // Hkv)
     use_tma = cu_seqlens is None and _use_tma(k, v)
     k_desc, v_desc = _descriptors((k, v), cfg["BLOCK_N"], cfg, use_tma)
-    _kernel(_fwd_kernel, Tq, Tk)[grid](
-        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, threshold, out, lse, k_desc, v_desc,
-        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
-        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Tq, Tk, D, sm_scale * LOG2E,
-        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
-        HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D, PRECISION=_precision(q.dtype),
-        USE_TMA=use_tma, SCAN=_scan(), HEADS_FIRST=heads_first, **cfg,
-    )
+    # per query tile: 1 where the fixed bound was too loose and the online pass must run it
+    online = torch.empty(grid[0] * grid[1] if fixed else 0, dtype=torch.int8, device=q.device)
+    args = (q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, threshold,
+            out, lse, k_desc, v_desc, kmax2, online,
+            *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
+            c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+            H, Tq, Tk, D, sm_scale * LOG2E)
+    flags = dict(GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
+                 HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D, PRECISION=_precision(q.dtype),
+                 USE_TMA=use_tma, SCAN=_scan(), HEADS_FIRST=heads_first, GAP=FIXED_BOUND_GAP, **cfg)
+    kernel = _kernel(_fwd_kernel, Tq, Tk)
+    for mode in ((1, 2) if fixed else (0,)):
+        kernel[grid](*args, MODE=mode, **flags)
     return out, lse
 
 
