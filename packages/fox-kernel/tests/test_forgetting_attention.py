@@ -285,7 +285,7 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     q4 = x[:, :, :4]  # 4 query heads over 2 key heads
     u = want[:, :4] * want_y.repeat_interleave(2, dim=1) * 0.3
     bound = -(2 * u + math.log(70)) - 10.0
-    torch.testing.assert_close(auto_threshold(q4, y, 0.3, -10.0).double(), bound, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(auto_threshold(q4, y, 0.3, 70, -10.0).double(), bound, rtol=1e-5, atol=1e-4)
     if device.type == "cuda":  # the CUDA bound (Triton reduction) equals the torch formula on the CPU
         k = x[:, :, :1]
         got = pruning_threshold(x, k, 0.3, 131)

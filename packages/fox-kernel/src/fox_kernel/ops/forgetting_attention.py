@@ -103,12 +103,12 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
     Returns (B or N, H) float32.
     """
     group = q.shape[2] // k.shape[2]
-    if rows is None and q.is_cuda and k.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1 and t_k == k.shape[1]:
+    if rows is None and q.is_cuda and k.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1:
         # one read of q and k by a Triton reduction (torch's norm over a 64-128 wide axis is ~5x slower),
         # and the bound in a second launch: with torch ops in between it took ~200 us at T=16k on an H200
         from fox_kernel.ops.triton_attention import auto_threshold
 
-        return auto_threshold(q, k, sm_scale, log_eps)
+        return auto_threshold(q, k, sm_scale, t_k, log_eps)
     # Norms in float32 without materialising float32 copies of q and k.
     qn = torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32)  # (B, Tq, H)
     kn = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).repeat_interleave(group, dim=-1)
@@ -124,7 +124,7 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
 
 def _threshold_from_norms(q_max, k_max, sm_scale, t_k, log_eps=AUTO_LOG_EPS):
     """delta = -(2U + ln Tk) + ln eps from the largest q and k norms (float32, U = q_max k_max s)."""
-    u = q_max.float() * k_max.float() * sm_scale
+    u = q_max.float() * k_max.float() * abs(sm_scale)  # bounds |score|: the sign of the scale does not matter
     return -(2 * u + math.log(max(t_k, 1))) + log_eps
 
 

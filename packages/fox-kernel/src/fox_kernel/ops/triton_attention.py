@@ -421,15 +421,15 @@ def _auto_threshold_kernel(N2, OUT, H, HKV, GROUP, sm_scale, const, BLOCK_H: tl.
     tl.store(OUT + b * H + h, -2.0 * tl.sqrt(qn2 * kn2) * tl.abs(sm_scale) + const, mask=mask)
 
 
-def auto_threshold(q, k, sm_scale, log_eps):
-    """The "auto" bound delta = -(2 U + ln Tk) + ln eps, U = max|q| max|k| s, per (row, head): (B, H)
+def auto_threshold(q, k, sm_scale, t_k, log_eps):
+    """The "auto" bound delta = -(2 U + ln Tk) + ln eps, U = max|q| max|k| |s|, per (row, head): (B, H)
     float32 from one read of q and k (three launches in all)."""
     B, _, H, _ = q.shape
     n2 = max_sq_row_norms(q, k)
     out = torch.empty(B, H, dtype=torch.float32, device=q.device)
     if B > 0:
         _auto_threshold_kernel[(B,)](n2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
-                                     float(log_eps - math.log(max(k.shape[1], 1))),
+                                     float(log_eps - math.log(max(t_k, 1))),
                                      BLOCK_H=triton.next_power_of_2(H), num_warps=1)
     return out
 
