@@ -71,6 +71,9 @@ class OptimizerConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Max global gradient norm (0 disables)."""
+    fused: bool | None = None
+    """AdamW's fused CUDA kernel (one launch for all parameters, also for FSDP2's DTensors); None: on
+    when training on GPUs. False: torch's default (foreach)."""
 
 
 @dataclass

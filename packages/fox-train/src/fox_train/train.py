@@ -246,8 +246,11 @@ def train(cfg: TrainConfig) -> Path:
     flops_tok = flops_per_token(config, seq_len, n_params)
     o = cfg.optimizer
 
+    fused = fabric.device.type == "cuda" if o.fused is None else bool(o.fused)
+
     def adamw(m):
-        return torch.optim.AdamW(param_groups(m, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+        return torch.optim.AdamW(param_groups(m, o.weight_decay), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                 fused=fused or None)
 
     if cfg.strategy.name == "fsdp2":  # fully_shard swaps in new (DTensor) parameters: optimizer after it
         model = fabric.setup_module(model)
@@ -294,10 +297,11 @@ def train(cfg: TrainConfig) -> Path:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         state["step"] = step + 1
-        step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
         done_tokens = (step + 1) * cfg.global_batch_tokens
-        bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}")
+        # the loss is read back (a host sync, and a collective across ranks) only on logging steps, so the
+        # host can queue the next step's kernels while the GPU finishes this one's
         if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
+            step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
             now = time.perf_counter()
             tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
             t_last, tok_last = now, done_tokens
