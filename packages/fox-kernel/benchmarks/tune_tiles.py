@@ -45,7 +45,7 @@ def main():
         B, T, H = 16384 // args.T, args.T, 2048 // D
         q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         lf = F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4)
-        out, lse = ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None)
+        out, lse, _ = ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None)
         do = torch.randn_like(q)
         flops = 4 * B * H * T * T * D / 2
         for kind in args.kinds.split(","):

@@ -23,8 +23,11 @@ def test_opcheck(device):
         pytest.skip("needs a CUDA GPU")
     q, k, v, lf = _args(device)
     seq_start = torch.tensor([0, 5], dtype=torch.int32, device=device)
-    for extra in ([None, None], [seq_start, None]):
-        torch.library.opcheck(torch.ops.fox_kernel.forgetting_attention_fwd.default, (q, k, v, lf, *extra, 32**-0.5, None))
+    thr = torch.full((2, 4), -3.0, device=device)
+    # (seq_start, threshold, auto_log_eps)
+    for start, threshold, auto in ((None, None, None), (seq_start, None, None), (None, thr, None), (None, None, -10.0)):
+        torch.library.opcheck(torch.ops.fox_kernel.forgetting_attention_fwd.default,
+                              (q, k, v, lf, start, None, 32**-0.5, threshold, auto))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -141,6 +141,33 @@ def test_fixed_bound_softmax_and_its_fallback(device_dtype, monkeypatch):
         assert not torch.equal(out[:, T // 2 :], online[:, T // 2 :])
 
 
+@pytest.mark.parametrize("rows", ["0", "1", "2"])
+def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
+    """Gates that decay by more than the allowed gap across one query tile (log f = -4 per token) and
+    small queries: the tile-wide bound is too loose (ROWS 0: the online fallback runs), a per-row bound
+    is tight (ROWS 1 always, ROWS 2 for such tiles). The output and the log-sum-exp the backward uses,
+    each against float64 (the backward itself does not depend on the mode)."""
+    device, dtype = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("the fixed bound is a Triton forward path")
+    monkeypatch.setenv("FOX_KERNEL_FIXED_ROWS", rows)
+    T, D = 200, 64
+    q, k, v, lf = _inputs(1, T, T, 2, 2, D, device, dtype, speed="bench", seed=9)
+    g = torch.Generator().manual_seed(10)
+    lf = (-4.0 + 0.5 * torch.randn(1, T, 2, generator=g)).clamp(max=-0.01).to(device).requires_grad_()
+    q = (q.detach() * 0.3).requires_grad_()
+    _check(device, dtype, 1, T, T, 2, 2, D, inputs=(q, k, v, lf), grad=False)
+    with torch.no_grad():
+        _, lse, _ = torch.ops.fox_kernel.forgetting_attention_fwd(q, k, v, lf, None, None, D**-0.5, None, None)
+        c = lf.double().cumsum(1)  # (1, T, H)
+        scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * D**-0.5
+        scores = scores + c.transpose(1, 2)[..., :, None] - c.transpose(1, 2)[..., None, :]
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=device).tril(), float("-inf"))
+        want = torch.logsumexp(scores, dim=-1)  # (1, H, T)
+    tol = 1e-5 if dtype == torch.float32 else 1e-3  # float32 sums; bf16/fp16 inputs are exact in float64
+    torch.testing.assert_close(lse.double(), want, rtol=tol, atol=tol)
+
+
 def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
     device, dtype = device_dtype
     # Packed batches take the pointer loads; the single sequences must too for a bit-exact comparison
@@ -148,9 +175,6 @@ def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
     monkeypatch.setenv("FOX_KERNEL_TMA", "0")
     # and the two-pass backward: the one-pass form adds dQ with atomics, in no fixed order
     monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
-    # and the online softmax: the forward's fixed bound takes the largest key of the whole packed batch,
-    # so a sequence alone may get a different (tighter) bound and round differently
-    monkeypatch.setenv("FOX_KERNEL_FIXED_BOUND", "0")
     lengths = [1, 37, 64, 5, 130]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     total = sum(lengths)
@@ -167,6 +191,11 @@ def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
         alone_grads = torch.autograd.grad(alone, piece, do[:, s:e])
         for name, g_all, g_one in zip(("dq", "dk", "dv", "dlog_fgate"), grads, alone_grads):
             torch.testing.assert_close(g_all[:, s:e].float(), g_one.float(), rtol=1e-4, atol=1e-4, msg=name)
+    # the bounds (softmax and "auto" pruning) are taken per packed sequence, as for each alone
+    pruned = forgetting_attention(q, k, v, lf, cu_seqlens=cu, adaptive_threshold="auto")
+    for s, e in zip(b[:-1], b[1:]):
+        alone = forgetting_attention(*(x.detach()[:, s:e] for x in (q, k, v, lf)), adaptive_threshold="auto")
+        torch.testing.assert_close(pruned[:, s:e], alone, rtol=0, atol=0)
     for mode in ("two-pass", "fused"):
         monkeypatch.setenv("FOX_KERNEL_BACKWARD", mode)
         _check(device, dtype, B=1, Tq=total, Tk=total, H=4, Hkv=2, D=32, cu_seqlens=cu)
@@ -243,6 +272,35 @@ def test_pruning_stays_within_its_bound(device_dtype):
     assert (loose.float() - exact.float()).abs().max().item() > 0.05
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_auto_pruning_bound_of_the_forward(device_dtype, varlen):
+    """With "auto" the forward op prunes by a bound it takes itself and hands the per-head (per-sequence)
+    bound ln eps - ln Tk - 2 max|q| max|k| |s| to the backward: that bound against float64 torch, and
+    the pruned output within eps of the exact one, on rows whose norms vary (a few large query rows)."""
+    device, dtype = device_dtype
+    from fox_kernel.ops.forgetting_attention import pruning_threshold
+
+    B, T, H, Hkv, D = (1, 333, 4, 2, 32) if varlen else (2, 301, 4, 2, 32)
+    q, k, v, lf = _inputs(B, T, T, H, Hkv, D, device, dtype, speed="fast", seed=7)
+    g = torch.Generator().manual_seed(8)
+    scale_rows = torch.where(torch.rand(B, T, H, 1, generator=g) < 0.02, 3.0, 0.5).to(device, dtype)
+    q = (q.detach() * scale_rows).requires_grad_()
+    cu = torch.tensor([0, 100, 101, 333], dtype=torch.int32, device=device) if varlen else None
+    sm_scale = D**-0.5
+    out, _, thr = torch.ops.fox_kernel.forgetting_attention_fwd(q, k, v, lf, None, cu, sm_scale, None, -10.0)
+    qd, kd = q.detach().double().cpu(), k.detach().double().cpu()
+    rows = cu.cpu() if varlen else None
+    want = pruning_threshold(qd, kd, sm_scale, T, -10.0, rows=rows).double()
+    assert thr.shape == want.shape
+    torch.testing.assert_close(thr.double().cpu(), want, rtol=1e-4, atol=1e-4)
+    exact = forgetting_attention(q, k, v, lf, cu_seqlens=cu)
+    bound = 2 * math.exp(-10.0) * v.abs().max().item()
+    rounding = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (out.float() - exact.float()).abs().max().item() <= bound + rounding
+    pruned = forgetting_attention(q, k, v, lf, cu_seqlens=cu, adaptive_threshold="auto")
+    assert torch.equal(pruned, out)
+
+
 @pytest.mark.parametrize("mode", ["fused", "two-pass"])
 def test_pruning_in_the_backward_pass(device_dtype, monkeypatch, mode):
     device, dtype = device_dtype
@@ -282,6 +340,9 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     want_y = torch.linalg.vector_norm(y.double(), dim=-1).amax(dim=1)
     both = max_sq_row_norms(x, y).double()
     torch.testing.assert_close(both, torch.cat([want, want_y], dim=1) ** 2, rtol=1e-5, atol=1e-4)
+    rows = max_sq_row_norms(x[1:2], per_row=True).double()  # every row's (T, H), as packed batches use
+    torch.testing.assert_close(rows, torch.linalg.vector_norm(x[1].double(), dim=-1) ** 2, rtol=1e-5, atol=1e-4)
+    assert torch.equal(rows.amax(0).float(), max_sq_row_norms(x[1:2])[0])
     q4 = x[:, :, :4]  # 4 query heads over 2 key heads
     u = want[:, :4] * want_y.repeat_interleave(2, dim=1) * 0.3
     bound = -(2 * u + math.log(70)) - 10.0

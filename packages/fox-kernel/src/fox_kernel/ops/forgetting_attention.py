@@ -37,19 +37,33 @@ def _fwd_op(
     cu_seqlens: torch.Tensor | None,
     sm_scale: float,
     threshold: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    auto_log_eps: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, lse, the pruning threshold the backward uses): with ``auto_log_eps`` the "auto" bound
+    (the Triton forward prunes each query tile by its own rows' norms and returns the per-head bound);
+    otherwise ``threshold`` (an empty tensor for none)."""
     if _use_triton(q):
         from fox_kernel.ops.triton_attention import triton_forward
 
-        return triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
-    out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
-    return out.contiguous(), lse
+        out, lse, threshold = triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold,
+                                             auto_log_eps)
+    else:
+        if auto_log_eps is not None:
+            threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
+        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
+        out = out.contiguous()
+    # a custom op may not return an input as it is, nor None
+    threshold = q.new_empty(0, dtype=torch.float32) if threshold is None else threshold.clone()
+    return out, lse, threshold
 
 
 @_fwd_op.register_fake
-def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold):
+def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps):
     B, Tq, H, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=torch.float32)
+    if auto_log_eps is not None:
+        threshold = q.new_empty((B if cu_seqlens is None else cu_seqlens.shape[0] - 1, H), dtype=torch.float32)
+    thr = q.new_empty(0, dtype=torch.float32) if threshold is None else threshold.new_empty(threshold.shape)
+    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=torch.float32), thr
 
 
 @torch.library.custom_op("fox_kernel::forgetting_attention_bwd", mutates_args=())
@@ -81,16 +95,19 @@ def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, thres
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold)
+    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps = inputs
+    out, lse, used = output
+    ctx.pruned = threshold is not None or auto_log_eps is not None
+    ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, used)
     ctx.sm_scale = sm_scale
 
 
-def _backward(ctx, dout, _dlse):
+def _backward(ctx, dout, _dlse, _dthreshold):
     q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
+    if not ctx.pruned:
+        threshold = None
     dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold)
-    return dq, dk, dv, dg, None, None, None, None
+    return dq, dk, dv, dg, None, None, None, None, None
 
 
 torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
@@ -110,8 +127,9 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
 
         return auto_threshold(q, k, sm_scale, t_k, log_eps)
     # Norms in float32 without materialising float32 copies of q and k.
-    qn = torch.linalg.vector_norm(q, dim=-1, dtype=torch.float32)  # (B, Tq, H)
-    kn = torch.linalg.vector_norm(k, dim=-1, dtype=torch.float32).repeat_interleave(group, dim=-1)
+    acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
+    qn = torch.linalg.vector_norm(q, dim=-1, dtype=acc)  # (B, Tq, H)
+    kn = torch.linalg.vector_norm(k, dim=-1, dtype=acc).repeat_interleave(group, dim=-1)
     if rows is None:
         return _threshold_from_norms(qn.amax(dim=1), kn.amax(dim=1), sm_scale, t_k, log_eps).contiguous()
     bounds = rows.tolist()
@@ -131,10 +149,8 @@ def _threshold_from_norms(q_max, k_max, sm_scale, t_k, log_eps=AUTO_LOG_EPS):
 def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
     n_rows = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     H = q.shape[2]
-    if isinstance(adaptive_threshold, str):
-        if adaptive_threshold != "auto":
-            raise ValueError(f'adaptive_threshold must be None, a number, a tensor or "auto", got {adaptive_threshold!r}')
-        return pruning_threshold(q, k, sm_scale, k.shape[1], rows=cu_seqlens)
+    if isinstance(adaptive_threshold, str):  # "auto" is taken by the forward op itself
+        raise ValueError(f'adaptive_threshold must be None, a number, a tensor or "auto", got {adaptive_threshold!r}')
     if isinstance(adaptive_threshold, (int, float)):
         return torch.full((n_rows, H), float(adaptive_threshold), dtype=torch.float32, device=q.device)
     checks.require_tensor("adaptive_threshold", adaptive_threshold)
@@ -170,7 +186,9 @@ def forgetting_attention(
             their gates do not count, padded query rows return 0.
         sm_scale: score scale, default ``D ** -0.5``.
         adaptive_threshold: skip blocks whose decay bias ``c_i - c_j`` stays below this (log space): None,
-            a number, a tensor broadcastable to (B, H), or "auto" for the bound with eps = e^-10.
+            a number, a tensor broadcastable to (B, H), or "auto" for the bound with eps = e^-10 (FOX.md
+            section 1; the Triton forward takes it per query tile from that tile's own query norms, which
+            is at least as tight, and the backward per head).
         cu_seqlens: (N + 1,) int32 cumulative lengths of sequences packed into batch 1.
 
     Returns:
@@ -219,8 +237,10 @@ def forgetting_attention(
     if sm_scale is None:
         sm_scale = D**-0.5
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    threshold = None
-    if adaptive_threshold is not None:
+    threshold, auto_log_eps = None, None
+    if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
+        auto_log_eps = AUTO_LOG_EPS  # taken inside the forward (no separate pass over q and k)
+    elif adaptive_threshold is not None:
         threshold = _threshold_tensor(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
-    out, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold)
+    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps)
     return out.transpose(1, 2) if head_first else out
