@@ -143,18 +143,21 @@ def test_fixed_bound_softmax_and_its_fallback(device_dtype, monkeypatch):
 
 @pytest.mark.parametrize("rows", ["0", "1", "2"])
 def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
-    """Gates that decay by more than the allowed gap across one query tile (log f = -4 per token) and
-    small queries: the tile-wide bound is too loose (ROWS 0: the online fallback runs), a per-row bound
-    is tight (ROWS 1 always, ROWS 2 for such tiles). The output and the log-sum-exp the backward uses,
+    """Gates that decay by more than the allowed gap across one query tile (~110 log2 units) and small
+    queries: the tile-wide bound is too loose (ROWS 0: the online fallback runs), a per-row bound is
+    tight (ROWS 1 always, ROWS 2 for such tiles). The output and the log-sum-exp the backward uses,
     each against float64 (the backward itself does not depend on the mode)."""
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the fixed bound is a Triton forward path")
+    from fox_kernel.ops.triton_attention import LOG2E, _config
+
     monkeypatch.setenv("FOX_KERNEL_FIXED_ROWS", rows)
-    T, D = 200, 64
+    T, D = 300, 64
     q, k, v, lf = _inputs(1, T, T, 2, 2, D, device, dtype, speed="bench", seed=9)
+    per_token = 110.0 / (_config("fwd", D, dtype, device)["BLOCK_M"] * LOG2E)  # this run's query tiles
     g = torch.Generator().manual_seed(10)
-    lf = (-4.0 + 0.5 * torch.randn(1, T, 2, generator=g)).clamp(max=-0.01).to(device).requires_grad_()
+    lf = (-per_token * (1 + 0.2 * torch.randn(1, T, 2, generator=g))).clamp(max=-0.01).to(device).requires_grad_()
     q = (q.detach() * 0.3).requires_grad_()
     _check(device, dtype, 1, T, T, 2, 2, D, inputs=(q, k, v, lf), grad=False)
     with torch.no_grad():
@@ -164,8 +167,11 @@ def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
         scores = scores + c.transpose(1, 2)[..., :, None] - c.transpose(1, 2)[..., None, :]
         scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=device).tril(), float("-inf"))
         want = torch.logsumexp(scores, dim=-1)  # (1, H, T)
-    tol = 1e-5 if dtype == torch.float32 else 1e-3  # float32 sums; bf16/fp16 inputs are exact in float64
-    torch.testing.assert_close(lse.double(), want, rtol=tol, atol=tol)
+    # float32 sums, measured from a tile anchor ~110 log2 units away (its rounding is ~5e-6); in 16-bit
+    # the bound's diagonal block sums the rounded weights its PV product uses (so the output is normalised
+    # by exactly those), which moves the log-sum-exp by up to 2^-8 (3e-3 measured on an H200)
+    tol = 5e-5 if dtype == torch.float32 else 8e-3
+    torch.testing.assert_close(lse.double(), want, rtol=0, atol=tol)
 
 
 def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
