@@ -39,9 +39,9 @@ def _fwd_op(
     threshold: torch.Tensor | None,
     auto_log_eps: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(out, lse, the pruning threshold the backward uses): with ``auto_log_eps`` the "auto" bound
-    (the Triton forward prunes each query tile by its own rows' norms and returns the per-head bound);
-    otherwise ``threshold`` (an empty tensor for none)."""
+    """(out, lse, auto bound): with ``auto_log_eps`` the per-head "auto" bound (rows, H) for the
+    backward (the Triton forward prunes each query tile by its own rows' norms); otherwise an empty
+    tensor (the backward takes ``threshold`` from the inputs)."""
     if _use_triton(q):
         from fox_kernel.ops.triton_attention import triton_forward
 
@@ -52,18 +52,17 @@ def _fwd_op(
             threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
         out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
         out = out.contiguous()
-    # a custom op may not return an input as it is, nor None
-    threshold = q.new_empty(0, dtype=torch.float32) if threshold is None else threshold.clone()
+    if auto_log_eps is None:  # not an input as it is, nor None: a custom op may return neither
+        threshold = q.new_empty(0, dtype=torch.float32)
     return out, lse, threshold
 
 
 @_fwd_op.register_fake
 def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps):
     B, Tq, H, _ = q.shape
-    if auto_log_eps is not None:
-        threshold = q.new_empty((B if cu_seqlens is None else cu_seqlens.shape[0] - 1, H), dtype=torch.float32)
-    thr = q.new_empty(0, dtype=torch.float32) if threshold is None else threshold.new_empty(threshold.shape)
-    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=torch.float32), thr
+    rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    bound = q.new_empty((rows, H) if auto_log_eps is not None else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=torch.float32), bound
 
 
 @torch.library.custom_op("fox_kernel::forgetting_attention_bwd", mutates_args=())
@@ -96,16 +95,15 @@ def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, thres
 
 def _setup_context(ctx, inputs, output):
     q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps = inputs
-    out, lse, used = output
-    ctx.pruned = threshold is not None or auto_log_eps is not None
-    ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, used)
+    out, lse, auto_bound = output
+    if auto_log_eps is not None:
+        threshold = auto_bound
+    ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold)
     ctx.sm_scale = sm_scale
 
 
-def _backward(ctx, dout, _dlse, _dthreshold):
+def _backward(ctx, dout, _dlse, _dbound):
     q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
-    if not ctx.pruned:
-        threshold = None
     dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold)
     return dq, dk, dv, dg, None, None, None, None, None
 

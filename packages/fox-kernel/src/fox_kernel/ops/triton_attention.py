@@ -283,13 +283,12 @@ def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, mid
         # the bound each row's weights are measured from (it enters the log-sum-exp)
         if ROWS == 1:
             m_i = row_bound
+            bound = 0.0  # folded into the column term only for the tile bound
         elif ROWS == 2:
             m_i = tl.where(rowwise, row_bound, bound)
-            bound = tl.where(rowwise, 0.0, bound)  # folded into the column term only for the tile bound
+            bound = tl.where(rowwise, 0.0, bound)
         else:
             m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + bound
-        if ROWS == 1:
-            bound = 0.0
     else:
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
