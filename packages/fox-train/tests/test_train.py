@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import fox_models  # noqa: F401  (registers the model types)
@@ -104,18 +105,26 @@ def test_fsdp2_options_are_checked():
         main(["strategy.name=zero3", *SMALL])
 
 
-def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_path):
+@pytest.mark.parametrize("sharding", ["FULL_SHARD", "SHARD_GRAD_OP"])
+def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_path, sharding):
     """FSDP2 (fully_shard) over two gloo processes: the same loss curve as one process at the same global
-    batch (float32: equal to rounding), and its checkpoint resumes in one process, continuing the curve."""
+    batch (float32: equal to rounding), its exported model holds the full weights of its last checkpoint
+    (a gathered state dict: the parameters are sharded), and its checkpoint resumes in one process,
+    continuing the curve. SHARD_GRAD_OP keeps the parameters gathered after the final evaluation's
+    forward unless resharded, which made the last checkpoint fail."""
     args = [f"out_dir={tmp_path}", "model=fox-pro-tiny", "strategy.accelerator=cpu", "schedule.total_tokens=1536",
-            "checkpoint_every=3", "eval_every=1000", "log_every=1", "export=false", *SMALL[:4], "micro_batch_size=2",
-            *SMALL[5:]]
-    main([*args, "run_name=one"])
+            "checkpoint_every=3", "eval_every=1000", "log_every=1", *SMALL[:4], "micro_batch_size=2", *SMALL[5:]]
+    main([*args, "run_name=one", "export=false"])
     one = {r["step"]: r["loss"] for r in _records(tmp_path / "one") if "loss" in r}
     run = subprocess.run([sys.executable, "-m", "fox_train.cli", *args, "run_name=two", "strategy=fsdp2",
-                          "strategy.devices=2"], env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True,
-                         text=True, timeout=600)
+                          "strategy.devices=2", f"strategy.fsdp_sharding={sharding}", "export=true"],
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    final = torch.load(tmp_path / "two" / "checkpoints" / "step-00000006" / "state.pt", weights_only=False)["model"]
+    exported = load_file(tmp_path / "two" / "hf" / "model.safetensors")
+    assert set(exported) == set(final) and len(final) > 10
+    for name, w in final.items():
+        assert torch.equal(exported[name], w), name
     two = {r["step"]: r["loss"] for r in _records(tmp_path / "two") if "loss" in r}
     assert sorted(two) == sorted(one) == list(range(1, 7))
     assert one[6] < one[1] - 0.3  # it learns
@@ -123,7 +132,7 @@ def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_p
         assert abs(two[step] - one[step]) < 1e-4, (step, one[step], two[step])
     (tmp_path / "on1" / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "two" / "checkpoints" / "step-00000003", tmp_path / "on1" / "checkpoints" / "step-00000003")
-    main([*args, "run_name=on1", "resume=true"])
+    main([*args, "run_name=on1", "resume=true", "export=false"])
     resumed = {r["step"]: r["loss"] for r in _records(tmp_path / "on1") if "loss" in r}
     assert sorted(resumed) == [4, 5, 6]
     for step in resumed:

@@ -200,8 +200,33 @@ def evaluate(fabric, model, source, n: int, batch: int) -> tuple[float, np.ndarr
         part = loss.sum(0)
         total = part if total is None else total + part
     model.train()
+    reshard(model)
     per_pos = (total / n).cpu().numpy()
     return float(per_pos.mean()), per_pos
+
+
+def reshard(model) -> None:
+    """Free the gathered parameters that FSDP2 keeps after a forward without a backward (an evaluation)
+    when it does not reshard after the forward (SHARD_GRAD_OP): they take memory, and a checkpoint needs
+    the sharded ones."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # older torch: no FSDP2
+        return
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def full_state_dict(fabric, model, strategy: str) -> dict | None:
+    """The whole model's state dict on rank 0's CPU ({} on the other ranks) when FSDP or FSDP2 shard its
+    parameters; None otherwise (every rank holds them). A collective: every rank must call it."""
+    if fabric.world_size == 1 or strategy not in ("fsdp", "fsdp2"):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    wrapped = getattr(model, "_forward_module", model)  # Fabric's wrapper holds the FSDP one
+    return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def train(cfg: TrainConfig) -> Path:
@@ -324,21 +349,23 @@ def train(cfg: TrainConfig) -> Path:
 
     if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
         _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+    full = full_state_dict(fabric, model, cfg.strategy.name) if cfg.export else None
     if fabric.is_global_zero:
         np.save(run_dir / "heldout_per_token_loss.npy", per_pos)
         plot_per_token_loss(per_pos, run_dir / "heldout_per_token_loss.png", f"{run_dir.name}: held-out L(i)")
         if cfg.export:
-            export_model(model, tokenizer, run_dir / "hf")
+            export_model(model, tokenizer, run_dir / "hf", state_dict=full)
         writer.close()
     fabric.barrier()
     return run_dir
 
 
-def export_model(model, tokenizer, out: Path) -> None:
-    """Hugging Face directory (safetensors + config + tokenizer) that from_pretrained and fox-eval load."""
+def export_model(model, tokenizer, out: Path, state_dict: dict | None = None) -> None:
+    """Hugging Face directory (safetensors + config + tokenizer) that from_pretrained and fox-eval load;
+    ``state_dict``: the full weights of a sharded model (see full_state_dict)."""
     module = getattr(model, "module", model)
     module = getattr(module, "_orig_mod", module)
-    module.save_pretrained(out)
+    module.save_pretrained(out, state_dict=state_dict)
     tokenizer.save_pretrained(out)
 
 
