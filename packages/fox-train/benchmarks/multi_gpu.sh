@@ -5,7 +5,9 @@
 # Each run has its own log (OUT/<run>.log) and time limit (RUN_TIMEOUT seconds, default 300), so one
 # that hangs or fails is reported and the others still run.
 # Runs: gpu1, ddp2, fsdp2 (FSDP, FullyShardedDataParallel), fullyshard2 (strategy=fsdp2: FSDP2's
-# fully_shard); the default is "gpu1 ddp2 fsdp2".
+# fully_shard), and the same two with SHARD_GRAD_OP (parameters kept gathered from the forward to the
+# backward: no all-gather in the backward), fsdp2_grad and fullyshard2_grad; the default is
+# "gpu1 ddp2 fsdp2". RESUME=0 skips the resumed runs.
 # Usage: [PYTHON=python3] [RUNS="gpu1 ddp2 fsdp2"] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides,
 #        e.g. strategy.fsdp_param_dtype=float32]
 set -uo pipefail
@@ -29,8 +31,11 @@ runs=" ${RUNS:-gpu1 ddp2 fsdp2} "  # a subset, e.g. RUNS="fsdp2" with strategy.f
 [[ $runs == *" ddp2 "* ]] && run ddp2 strategy=ddp strategy.devices=2
 [[ $runs == *" fsdp2 "* ]] && run fsdp2 strategy=fsdp strategy.devices=2
 [[ $runs == *" fullyshard2 "* ]] && run fullyshard2 strategy=fsdp2 strategy.devices=2
-for src in ddp2 fsdp2 fullyshard2; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
-  [[ $runs == *" $src "* ]] || continue
+[[ $runs == *" fsdp2_grad "* ]] && run fsdp2_grad strategy=fsdp strategy.devices=2 strategy.fsdp_sharding=SHARD_GRAD_OP
+[[ $runs == *" fullyshard2_grad "* ]] && run fullyshard2_grad strategy=fsdp2 strategy.devices=2 \
+  strategy.fsdp_sharding=SHARD_GRAD_OP
+for src in ddp2 fsdp2 fullyshard2 fsdp2_grad fullyshard2_grad; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
+  [[ $runs == *" $src "* && ${RESUME:-1} != 0 ]] || continue
   if [ -d "$out/$src/checkpoints/step-00000020" ]; then
     mkdir -p "$out/${src}_on1/checkpoints"
     cp -r "$out/$src/checkpoints/step-00000020" "$out/${src}_on1/checkpoints/"
@@ -45,18 +50,19 @@ import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 base, summary = None, {}
-print(f"{'run':16s} {'loss@8':>8s} {'loss@20':>8s} {'loss@32':>8s} {'loss@40':>8s} {'tokens/s':>10s} {'scaling':>8s}")
-for run in ("gpu1", "ddp2", "fsdp2", "fullyshard2", "ddp2_on1", "fsdp2_on1", "fullyshard2_on1"):
+print(f"{'run':20s} {'loss@8':>8s} {'loss@20':>8s} {'loss@32':>8s} {'loss@40':>8s} {'tokens/s':>10s} {'scaling':>8s}")
+names = ("ddp2", "fsdp2", "fullyshard2", "fsdp2_grad", "fullyshard2_grad")
+for run in ("gpu1", *names, *(f"{n}_on1" for n in names)):
     path = out / run / "metrics.jsonl"
     recs = [json.loads(l) for l in path.read_text().splitlines() if '"loss"' in l] if path.exists() else []
     if not recs:
-        print(f"{run:16s} no metrics")
+        print(f"{run:20s} no metrics")
         continue
     loss = {r["step"]: r["loss"] for r in recs}
     tps = statistics.median(r["tokens_per_s"] for r in recs if r["step"] > 4 or len(recs) < 3)
     base = base or tps
     summary[run] = dict(loss=loss, tokens_per_s=tps, scaling=tps / base)
     cells = " ".join(f"{loss[s]:8.4f}" if s in loss else f"{'-':>8s}" for s in (8, 20, 32, 40))
-    print(f"{run:16s} {cells} {tps:10,.0f} {tps / base:8.2f}")
+    print(f"{run:20s} {cells} {tps:10,.0f} {tps / base:8.2f}")
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 PY
