@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import time
 
 import torch
@@ -19,7 +21,11 @@ from transformers import AutoModelForCausalLM
 
 import fox_models  # noqa: F401
 from fox_models.presets import get_preset
+from fox_train.config import TrainConfig
 from fox_train.metrics import flops_per_token, peak_flops
+from fox_train.train import scheduled_gc
+
+GC_EVERY = TrainConfig.gc_every
 
 # (name, preset family, config overrides, recompute_projections)
 MODELS = [
@@ -32,7 +38,30 @@ MODELS = [
 ]
 
 
-def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compile_blocks):
+def kernel_profile(step, top, trace=None):
+    """GPU time of one step by kernel name (ms, costliest first), with the step's total GPU time and
+    wall time; ``trace``: also write a Chrome trace (CPU and GPU) of the step to this path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if trace else [])
+    torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    if trace:
+        prof.export_chrome_trace(trace)
+    times = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] = times.get(event.name, 0.0) + event.device_time / 1e3
+    ranked = sorted(times.items(), key=lambda kv: -kv[1])
+    return dict(gpu_ms=sum(times.values()), wall_ms=wall * 1e3, kernels=[dict(name=n, ms=t) for n, t in ranked[:top]])
+
+
+def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compile_blocks,
+            profile_top=0, trace=None, compile_mode=None, python_gc=False):
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
@@ -42,7 +71,7 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
         model.enable_projection_recompute()
     if compile_blocks:
         for block in model.model.layers:
-            block.compile()
+            block.compile(mode=compile_mode)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     n_params = sum(p.numel() for k, p in model.named_parameters() if k != "model.embeddings.weight")
@@ -51,6 +80,8 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
     torch.cuda.reset_peak_memory_stats()
 
     def step():
+        if compile_blocks and compile_mode in ("reduce-overhead", "max-autotune"):  # CUDA graphs
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=inputs, labels=labels).loss.mean()
         loss.backward()
@@ -60,16 +91,26 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t) / steps
+    # as fox-train does: no automatic collection while timing (a full collection over what the earlier
+    # models' compiles left behind stalled the host for long enough to halve a host-bound step)
+    with scheduled_gc(0 if python_gc else GC_EVERY) as collect:
+        t = time.perf_counter()
+        for i in range(steps):
+            step()
+            collect(i + 1)
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t) / steps
     tps = seq_len / dt
     peak = peak_flops(torch.device("cuda"))
     row = dict(model=name, size=size, seq_len=seq_len, tokens_per_s=tps, step_s=dt,
                mfu=tps * flops_per_token(config, seq_len, n_params) / peak if peak else None,
                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params)
+    if profile_top:
+        path = None
+        if trace:
+            os.makedirs(trace, exist_ok=True)
+            path = os.path.join(trace, re.sub(r"\W+", "-", f"{name} {size}").strip("-").lower() + ".json")
+        row["profile"] = kernel_profile(step, profile_top, path)
     torch.cuda.empty_cache()
     return row
 
@@ -82,7 +123,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--checkpointing", action="store_true")
     ap.add_argument("--compile", action="store_true", help="torch.compile each block")
+    ap.add_argument("--compile-mode", default=None,
+                    help='torch.compile mode of the blocks, e.g. "reduce-overhead" (CUDA graphs)')
+    ap.add_argument("--python-gc", action="store_true",
+                    help="keep Python's automatic garbage collection while timing (fox-train turns it off)")
     ap.add_argument("--models", nargs="*", default=None, help="names to run (substring match); default all")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, profile one step per model and list its N costliest GPU kernels")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="with --profile: write a Chrome trace of each profiled step into DIR")
     ap.add_argument("--out", default="train_throughput.json")
     args = ap.parse_args()
     rows = []
@@ -92,14 +141,20 @@ def main():
                 continue
             try:
                 row = measure(name, family, size, extra, recompute, args.seq_len, args.steps, args.warmup,
-                              args.checkpointing, args.compile)
+                              args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode,
+                              args.python_gc)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
                 torch.cuda.empty_cache()
             rows.append(row)
-            print(row, flush=True)
+            print({k: v for k, v in row.items() if k != "profile"}, flush=True)
+            if "profile" in row:
+                prof = row["profile"]
+                print(f"  one profiled step: {prof['wall_ms']:.1f} ms wall, {prof['gpu_ms']:.1f} ms of GPU kernels; costliest:")
+                for kern in prof["kernels"]:
+                    print(f"  {kern['ms']:8.2f} ms  {kern['name'][:110]}")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               compile=args.compile, checkpointing=args.checkpointing)
+               compile=args.compile, compile_mode=args.compile_mode, python_gc=args.python_gc, checkpointing=args.checkpointing)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print(f"{'model':28s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
     for size in args.sizes:
