@@ -2,7 +2,11 @@
 
 For each model: a few warm-up steps, then timed optimizer steps of one sequence of ``--seq-len`` tokens
 (AdamW, gradient checkpointing off unless --checkpointing), reporting tokens/s, MFU (6N + attention
-FLOPs per token over the bf16 peak) and peak memory. Prints a table and writes JSON.
+FLOPs per token over the bf16 peak), peak memory and the Python garbage collections that ran while
+timing. Prints a table and writes JSON. ``--profile N`` lists each model's N costliest GPU kernels in one
+step, with the step's wall time against its kernel time (a step slower than its kernels waits on the
+host); ``--trace DIR`` also writes that step's Chrome trace; ``--compile-mode reduce-overhead`` runs the
+compiled blocks as CUDA graphs.
 
     python packages/fox-train/benchmarks/train_throughput.py --sizes 125m 760m --seq-len 16384 --out tp.json
 """
@@ -10,6 +14,7 @@ FLOPs per token over the bf16 peak) and peak memory. Prints a table and writes J
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -21,11 +26,7 @@ from transformers import AutoModelForCausalLM
 
 import fox_models  # noqa: F401
 from fox_models.presets import get_preset
-from fox_train.config import TrainConfig
 from fox_train.metrics import flops_per_token, peak_flops
-from fox_train.train import scheduled_gc
-
-GC_EVERY = TrainConfig.gc_every
 
 # (name, preset family, config overrides, recompute_projections)
 MODELS = [
@@ -61,7 +62,7 @@ def kernel_profile(step, top, trace=None):
 
 
 def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compile_blocks,
-            profile_top=0, trace=None, compile_mode=None, python_gc=False):
+            profile_top=0, trace=None, compile_mode=None):
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
@@ -91,20 +92,31 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    # as fox-train does: no automatic collection while timing (a full collection over what the earlier
-    # models' compiles left behind stalled the host for long enough to halve a host-bound step)
-    with scheduled_gc(0 if python_gc else GC_EVERY) as collect:
+    pauses = []  # (generation, ms) of every garbage collection while timing
+    started = {}
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started["t"] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], (time.perf_counter() - started.pop("t", time.perf_counter())) * 1e3))
+
+    gc.callbacks.append(on_gc)
+    try:
         t = time.perf_counter()
-        for i in range(steps):
+        for _ in range(steps):
             step()
-            collect(i + 1)
         torch.cuda.synchronize()
         dt = (time.perf_counter() - t) / steps
+    finally:
+        gc.callbacks.remove(on_gc)
     tps = seq_len / dt
     peak = peak_flops(torch.device("cuda"))
     row = dict(model=name, size=size, seq_len=seq_len, tokens_per_s=tps, step_s=dt,
                mfu=tps * flops_per_token(config, seq_len, n_params) / peak if peak else None,
-               peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params)
+               peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params,
+               gc_collections=len(pauses), gc_ms=sum(ms for _, ms in pauses),
+               gc_longest=max(pauses, key=lambda x: x[1], default=None))
     if profile_top:
         path = None
         if trace:
@@ -125,8 +137,6 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile each block")
     ap.add_argument("--compile-mode", default=None,
                     help='torch.compile mode of the blocks, e.g. "reduce-overhead" (CUDA graphs)')
-    ap.add_argument("--python-gc", action="store_true",
-                    help="keep Python's automatic garbage collection while timing (fox-train turns it off)")
     ap.add_argument("--models", nargs="*", default=None, help="names to run (substring match); default all")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one step per model and list its N costliest GPU kernels")
@@ -141,8 +151,7 @@ def main():
                 continue
             try:
                 row = measure(name, family, size, extra, recompute, args.seq_len, args.steps, args.warmup,
-                              args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode,
-                              args.python_gc)
+                              args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
                 torch.cuda.empty_cache()
@@ -154,7 +163,7 @@ def main():
                 for kern in prof["kernels"]:
                     print(f"  {kern['ms']:8.2f} ms  {kern['name'][:110]}")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               compile=args.compile, compile_mode=args.compile_mode, python_gc=args.python_gc, checkpointing=args.checkpointing)
+               compile=args.compile, compile_mode=args.compile_mode, checkpointing=args.checkpointing)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print(f"{'model':28s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
     for size in args.sizes:

@@ -284,29 +284,3 @@ def test_longcrawl64_paper_order_and_training(tmp_path):
     main([f"out_dir={tmp_path}", "run_name=lc", "data=longcrawl64", f"data.path={train}", f"data.heldout_path={held}",
           "schedule.total_tokens=768", "eval_every=1000", "checkpoint_every=1000", "export=false", *SMALL])
     assert [r["step"] for r in _records(tmp_path / "lc") if "loss" in r][-1] == 3
-
-
-def test_scheduled_gc_collects_on_schedule_and_restores_the_collector(monkeypatch):
-    from fox_train import train as train_mod
-
-    calls = []
-    real_collect = train_mod.gc.collect
-    monkeypatch.setattr(train_mod.gc, "collect", lambda *a: calls.append(a) or real_collect(*a))
-    assert train_mod.gc.isenabled()
-    with train_mod.scheduled_gc(3) as collect:
-        assert not train_mod.gc.isenabled() and train_mod.gc.get_freeze_count() > 0
-        calls.clear()
-        for step in range(1, 8):
-            collect(step)
-    assert calls == [(1,), (1,)]  # steps 3 and 6
-    assert train_mod.gc.isenabled() and train_mod.gc.get_freeze_count() == 0
-    with train_mod.scheduled_gc(0) as collect:  # off: Python's own collection
-        assert train_mod.gc.isenabled()
-        collect(3)
-    train_mod.gc.disable()  # a caller that had switched it off keeps it off
-    try:
-        with train_mod.scheduled_gc(2):
-            pass
-        assert not train_mod.gc.isenabled()
-    finally:
-        train_mod.gc.enable()

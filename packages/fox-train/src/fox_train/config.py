@@ -137,10 +137,6 @@ class TrainConfig:
     """Continue from the newest complete checkpoint of ``run_name`` (the newest run if unset)."""
     compile: bool = False
     """torch.compile each block."""
-    gc_every: int = 50
-    """Steps between Python garbage collections (young generations only); automatic collection is off
-    while training: a full collection at a random step stalls the host, which halved the speed of a
-    host-bound step (pruned 125M FoX on an H200, docs/performance.md). 0: Python's own collection."""
     gradient_checkpointing: bool = False
     recompute_projections: bool = False
     """Selective recomputation in FoX attention layers: keep only each layer's input and the attention's

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import time
 from datetime import datetime
@@ -231,36 +229,6 @@ def full_state_dict(fabric, model, strategy: str) -> dict | None:
     return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-@contextlib.contextmanager
-def scheduled_gc(every: int):
-    """Python's automatic garbage collection off for the block, one young-generation collection every
-    ``every`` steps instead (call the yielded function with the step count after each step); ``every
-    <= 0`` changes nothing.
-
-    Objects alive on entry (the model, compiled code) are frozen: no collection scans them again. An
-    automatic full collection over what torch.compile leaves behind stalls the host at a random step;
-    where the host paces the GPU (pruned FoX, small models, ranks waiting on the slowest) that time is
-    lost. Every rank collects at the same steps."""
-    if every <= 0:
-        yield lambda step: None
-        return
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-
-    def after_step(step: int) -> None:
-        if step % every == 0:
-            gc.collect(1)
-
-    try:
-        yield after_step
-    finally:
-        gc.unfreeze()
-        if was_enabled:
-            gc.enable()
-
-
 def train(cfg: TrainConfig) -> Path:
     """Run training; returns the run directory."""
     fabric = _fabric(cfg)
@@ -336,49 +304,47 @@ def train(cfg: TrainConfig) -> Path:
                desc=run_dir.name, unit="step", dynamic_ncols=True, mininterval=1.0)
     t_last, tok_last = time.perf_counter(), start * cfg.global_batch_tokens
     per_pos = None  # held-out L(i) of the latest evaluation (the last step always evaluates)
-    with scheduled_gc(cfg.gc_every) as collect:
-        for step in bar:
-            tokens = step * cfg.global_batch_tokens
-            lr = lr_at(tokens, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            step_loss = torch.zeros((), device=fabric.device)
-            pos_loss = None
-            for a in range(sampler.accum_steps):
-                inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
-                with fabric.no_backward_sync(model, enabled=a < sampler.accum_steps - 1):
-                    loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss
-                    fabric.backward(loss.mean() / sampler.accum_steps)
-                step_loss += loss.detach().float().mean() / sampler.accum_steps
-                pos_loss = loss.detach().float() if pos_loss is None else pos_loss + loss.detach().float()
-            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=o.grad_clip) if o.grad_clip > 0 else None
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] = step + 1
-            done_tokens = (step + 1) * cfg.global_batch_tokens
-            # the loss is read back (a host sync, and a collective across ranks) only on logging steps, so the
-            # host can queue the next step's kernels while the GPU finishes this one's
-            if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
-                step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
-                now = time.perf_counter()
-                tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
-                t_last, tok_last = now, done_tokens
-                record = {"step": step + 1, "tokens": done_tokens, "loss": step_loss, "lr": lr, "tokens_per_s": tps,
-                          **position_windows(pos_loss / sampler.accum_steps)}
-                if grad_norm is not None:
-                    record["grad_norm"] = float(grad_norm)
-                if peak:
-                    record["mfu"] = tps * flops_tok / (peak * fabric.world_size)
-                bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
-                if writer:
-                    writer.log(record)
-            if (step + 1) % cfg.eval_every == 0 or step + 1 == total_steps:
-                held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
-                if writer:
-                    writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total_steps:
-                ckpt.save(fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
-            collect(step + 1)
+    for step in bar:
+        tokens = step * cfg.global_batch_tokens
+        lr = lr_at(tokens, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        step_loss = torch.zeros((), device=fabric.device)
+        pos_loss = None
+        for a in range(sampler.accum_steps):
+            inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
+            with fabric.no_backward_sync(model, enabled=a < sampler.accum_steps - 1):
+                loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss
+                fabric.backward(loss.mean() / sampler.accum_steps)
+            step_loss += loss.detach().float().mean() / sampler.accum_steps
+            pos_loss = loss.detach().float() if pos_loss is None else pos_loss + loss.detach().float()
+        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=o.grad_clip) if o.grad_clip > 0 else None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"] = step + 1
+        done_tokens = (step + 1) * cfg.global_batch_tokens
+        # the loss is read back (a host sync, and a collective across ranks) only on logging steps, so the
+        # host can queue the next step's kernels while the GPU finishes this one's
+        if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
+            step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
+            now = time.perf_counter()
+            tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
+            t_last, tok_last = now, done_tokens
+            record = {"step": step + 1, "tokens": done_tokens, "loss": step_loss, "lr": lr, "tokens_per_s": tps,
+                      **position_windows(pos_loss / sampler.accum_steps)}
+            if grad_norm is not None:
+                record["grad_norm"] = float(grad_norm)
+            if peak:
+                record["mfu"] = tps * flops_tok / (peak * fabric.world_size)
+            bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
+            if writer:
+                writer.log(record)
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == total_steps:
+            held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+            if writer:
+                writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total_steps:
+            ckpt.save(fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
     bar.close()
 
     if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
