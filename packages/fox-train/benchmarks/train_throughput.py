@@ -144,6 +144,8 @@ def main():
                     help="with --profile: write a Chrome trace of each profiled step into DIR")
     ap.add_argument("--out", default="train_throughput.json")
     args = ap.parse_args()
+    if args.trace and not args.profile:
+        ap.error("--trace DIR writes the trace of the profiled step: add --profile N")
     rows = []
     for size in args.sizes:
         for name, family, extra, recompute in MODELS:
