@@ -246,7 +246,9 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         if labels is not None:
             if labels.shape != h.shape[:2]:
                 raise ValueError(f"labels must have shape {tuple(h.shape[:2])} (B, T), got {tuple(labels.shape)}")
-            loss = per_token_cross_entropy(h, self.lm_head.weight, labels)
+            # config.fuse_cross_entropy=False keeps the unfused (float32 log-softmax) loss everywhere
+            fused = None if getattr(self.config, "fuse_cross_entropy", True) else False
+            loss = per_token_cross_entropy(h, self.lm_head.weight, labels, fused=fused)
         else:
             logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
