@@ -6,7 +6,7 @@ FLOPs per token over the bf16 peak), peak memory and the Python garbage collecti
 timing. Prints a table and writes JSON. ``--profile N`` lists each model's N costliest GPU kernels in one
 step, with the step's wall time against its kernel time (a step slower than its kernels waits on the
 host); ``--trace DIR`` also writes that step's Chrome trace; ``--compile-mode reduce-overhead`` runs the
-compiled blocks as CUDA graphs.
+compiled blocks as CUDA graphs; ``--unfused-loss`` times the models with the unfused cross-entropy.
 
     python packages/fox-train/benchmarks/train_throughput.py --sizes 125m 760m --seq-len 16384 --out tp.json
 """
@@ -137,6 +137,8 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile each block")
     ap.add_argument("--compile-mode", default=None,
                     help='torch.compile mode of the blocks, e.g. "reduce-overhead" (CUDA graphs)')
+    ap.add_argument("--unfused-loss", action="store_true",
+                    help="the unfused loss (fuse_cross_entropy=False: float32 log-softmax per chunk) for comparison")
     ap.add_argument("--models", nargs="*", default=None, help="names to run (substring match); default all")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one step per model and list its N costliest GPU kernels")
@@ -152,6 +154,8 @@ def main():
             if args.models and not any(m in name for m in args.models):
                 continue
             try:
+                if args.unfused_loss:
+                    extra = {**extra, "fuse_cross_entropy": False}
                 row = measure(name, family, size, extra, recompute, args.seq_len, args.steps, args.warmup,
                               args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode)
             except torch.OutOfMemoryError:
@@ -165,7 +169,8 @@ def main():
                 for kern in prof["kernels"]:
                     print(f"  {kern['ms']:8.2f} ms  {kern['name'][:110]}")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               compile=args.compile, compile_mode=args.compile_mode, checkpointing=args.checkpointing)
+               compile=args.compile, compile_mode=args.compile_mode, checkpointing=args.checkpointing,
+               fused_loss=not args.unfused_loss)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print(f"{'model':28s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
     for size in args.sizes:
