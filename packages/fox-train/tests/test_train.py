@@ -139,6 +139,34 @@ def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_p
         assert abs(resumed[step] - two[step]) < 1e-4, (step, two[step], resumed[step])
 
 
+def test_compile_mode_is_checked(tmp_path):
+    base = [f"out_dir={tmp_path}", *SMALL]
+    with pytest.raises(SystemExit, match="compile_mode must be one of"):
+        main(["compile=true", "compile_mode=fastest", *base])
+    with pytest.raises(SystemExit, match="compile_mode=.reduce-overhead. needs compile=true"):
+        main(["compile_mode=reduce-overhead", *base])
+    with pytest.raises(SystemExit, match="works with strategy single or ddp, not .fsdp2."):
+        main(["compile=true", "compile_mode=reduce-overhead", "strategy=fsdp2", *base])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_blocks_follow_the_plain_compiled_run(tmp_path):
+    """Blocks as CUDA graphs (compile_mode=reduce-overhead), with two micro-batches per step and an
+    evaluation every other step, give the loss curve of the default compiled run."""
+    runs = {}
+    for name, mode in (("plain", "null"), ("graphs", "reduce-overhead")):
+        main([f"out_dir={tmp_path}", f"run_name={name}", "model=fox-pro-tiny", "compile=true", f"compile_mode={mode}",
+              "global_batch_tokens=512", "schedule.total_tokens=4096", "eval_every=2", "log_every=1", "export=false",
+              *[o for o in SMALL if not o.startswith("global_batch_tokens")]])
+        recs = _records(tmp_path / name)
+        runs[mode] = ([r["loss"] for r in recs if "loss" in r], [r["heldout_loss"] for r in recs if "heldout_loss" in r])
+    (train_a, held_a), (train_b, held_b) = runs.values()
+    assert len(train_a) == 8 and len(held_a) == 5
+    np.testing.assert_allclose(train_b, train_a, rtol=2e-3)
+    np.testing.assert_allclose(held_b, held_a, rtol=2e-3)
+
+
 def test_batch_not_divisible_by_devices():
     with pytest.raises(ValueError, match="multiple of micro_batch_size x devices = 3 x 2"):
         Sampler(100, global_batch=8, micro_batch=3, world_size=2, shuffle=False, seed=0)

@@ -137,6 +137,11 @@ class TrainConfig:
     """Continue from the newest complete checkpoint of ``run_name`` (the newest run if unset)."""
     compile: bool = False
     """torch.compile each block."""
+    compile_mode: str | None = None
+    """torch.compile mode of the blocks when ``compile`` is on: None (default), "reduce-overhead" or
+    "max-autotune" (both run the blocks as CUDA graphs, which takes the host's kernel launches off the
+    step: it matters when the GPU work is small, as with pruning), "max-autotune-no-cudagraphs".
+    CUDA graphs are supported with the single and ddp strategies."""
     gradient_checkpointing: bool = False
     recompute_projections: bool = False
     """Selective recomputation in FoX attention layers: keep only each layer's input and the attention's

@@ -188,14 +188,50 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
                     precision=precision)
 
 
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _check_compile(cfg: TrainConfig) -> bool:
+    """Validate compile/compile_mode; True when the blocks run as CUDA graphs."""
+    if cfg.compile_mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {cfg.compile_mode!r}")
+    if cfg.compile_mode is not None and not cfg.compile:
+        raise ValueError(f"compile_mode={cfg.compile_mode!r} needs compile=true")
+    graphs = cfg.compile and cfg.compile_mode in ("reduce-overhead", "max-autotune")
+    if graphs and cfg.strategy.name not in ("single", "ddp"):
+        raise ValueError(f"compile_mode={cfg.compile_mode!r} (CUDA graphs) works with strategy single or ddp, "
+                         f"not {cfg.strategy.name!r}")
+    return graphs
+
+
+def _step_begin(graphs: bool) -> None:
+    """Before every forward when the blocks are CUDA graphs: tells cudagraph trees that the outputs of the
+    previous forward and backward are no longer needed (each micro-batch is a new invocation)."""
+    if graphs:
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def _keep_grad_storage(model) -> None:
+    """Give every trainable parameter a zero gradient that stays (zero_grad(set_to_none=False) after it).
+
+    With CUDA-graph blocks a parameter's first gradient is an output of a backward graph, and autograd
+    keeps that very tensor as ``.grad``; the next micro-batch's graphs overwrite it (gradient accumulation
+    then read garbage, and cudagraph trees stop with "accessing tensor output of CUDAGraphs that has been
+    overwritten"). With a gradient already in place, autograd adds into it instead."""
+    for p in model.parameters():
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+
+
 @torch.no_grad()
-def evaluate(fabric, model, source, n: int, batch: int) -> tuple[float, np.ndarray]:
+def evaluate(fabric, model, source, n: int, batch: int, graphs: bool = False) -> tuple[float, np.ndarray]:
     """Mean held-out loss and the per-position loss L(i) over the first n sequences (all ranks agree)."""
     model.eval()
     n = min(n, len(source))
     total = None
     for s in range(0, n, batch):
         inputs, labels = make_batch(source, list(range(s, min(n, s + batch))))
+        _step_begin(graphs)
         loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss.float()
         part = loss.sum(0)
         total = part if total is None else total + part
@@ -231,6 +267,7 @@ def full_state_dict(fabric, model, strategy: str) -> dict | None:
 
 def train(cfg: TrainConfig) -> Path:
     """Run training; returns the run directory."""
+    graphs = _check_compile(cfg)
     fabric = _fabric(cfg)
     fabric.launch()
     L.seed_everything(cfg.seed, verbose=False)
@@ -266,7 +303,7 @@ def train(cfg: TrainConfig) -> Path:
             raise ValueError(f"recompute_projections: model {cfg.model.preset!r} has no Forgetting Attention layers")
     if cfg.compile:
         for block in model.model.layers:
-            block.compile()
+            block.compile(mode=cfg.compile_mode)
     n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
     flops_tok = flops_per_token(config, seq_len, n_params)
     o = cfg.optimizer
@@ -296,7 +333,7 @@ def train(cfg: TrainConfig) -> Path:
                            cfg.wandb_project) if fabric.is_global_zero else None
     peak = peak_flops(fabric.device)
     if start == 0:
-        loss0, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+        loss0, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
         if writer:
             writer.log({"step": 0, "tokens": 0, "heldout_loss": loss0})
 
@@ -304,6 +341,8 @@ def train(cfg: TrainConfig) -> Path:
                desc=run_dir.name, unit="step", dynamic_ncols=True, mininterval=1.0)
     t_last, tok_last = time.perf_counter(), start * cfg.global_batch_tokens
     per_pos = None  # held-out L(i) of the latest evaluation (the last step always evaluates)
+    if graphs:
+        _keep_grad_storage(model)
     for step in bar:
         tokens = step * cfg.global_batch_tokens
         lr = lr_at(tokens, cfg)
@@ -313,6 +352,7 @@ def train(cfg: TrainConfig) -> Path:
         pos_loss = None
         for a in range(sampler.accum_steps):
             inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
+            _step_begin(graphs)
             with fabric.no_backward_sync(model, enabled=a < sampler.accum_steps - 1):
                 loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss
                 fabric.backward(loss.mean() / sampler.accum_steps)
@@ -320,7 +360,7 @@ def train(cfg: TrainConfig) -> Path:
             pos_loss = loss.detach().float() if pos_loss is None else pos_loss + loss.detach().float()
         grad_norm = fabric.clip_gradients(model, optimizer, max_norm=o.grad_clip) if o.grad_clip > 0 else None
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not graphs)
         state["step"] = step + 1
         done_tokens = (step + 1) * cfg.global_batch_tokens
         # the loss is read back (a host sync, and a collective across ranks) only on logging steps, so the
@@ -340,7 +380,7 @@ def train(cfg: TrainConfig) -> Path:
             if writer:
                 writer.log(record)
         if (step + 1) % cfg.eval_every == 0 or step + 1 == total_steps:
-            held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+            held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
             if writer:
                 writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total_steps:
@@ -348,7 +388,7 @@ def train(cfg: TrainConfig) -> Path:
     bar.close()
 
     if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
-        _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size)
+        _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
     full = full_state_dict(fabric, model, cfg.strategy.name) if cfg.export else None
     if fabric.is_global_zero:
         np.save(run_dir / "heldout_per_token_loss.npy", per_pos)
