@@ -828,9 +828,12 @@ def _descriptors(tensors, block_rows, cfg, use_tma):
 def _grid(kind, n_heads, n_blocks, head_dim=128, group=1):
     """Grid and launch order of a pass (see _block_and_head). Measured on an H200 (T=16k/8k): the
     forward gains from all heads' heaviest blocks first at D <= 64 and with GQA (2-3%), loses at D=128
-    MHA; both backward passes lose with it (D=64 dK/dV up to 2x: Q/dO no longer shared in L2).
-    FOX_KERNEL_ORDER_<PASS>=heads|blocks overrides (for benchmarking)."""
-    default = "heads" if kind == "fwd" and (head_dim <= 64 or group > 1) else "blocks"
+    MHA; both backward passes lose with it (D=64 dK/dV up to 2x: Q/dO no longer shared in L2), except
+    the dK/dV pass of GQA at D=128: a program there runs the whole group, so one group's heaviest
+    programs, launched last, left a tail (fwd+bwd 1-8% faster heads first at four shapes, session 10;
+    at D=64 it was 3% slower at T=16k). FOX_KERNEL_ORDER_<PASS>=heads|blocks overrides (for benchmarking)."""
+    heads = (kind == "fwd" and (head_dim <= 64 or group > 1)) or (kind == "dkdv" and group > 1 and head_dim > 64)
+    default = "heads" if heads else "blocks"
     order = os.environ.get(f"FOX_KERNEL_ORDER_{kind.upper()}", default)
     heads_first = order == "heads"
     return ((n_heads, n_blocks) if heads_first else (n_blocks, n_heads)), heads_first
@@ -1003,7 +1006,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
     # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
     clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
-    grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]))
+    grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), D, H // Hkv)
     _kernel(_dkdv_kernel, Tq, Tk)[grid](
         q, k, v, c, clq, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
         dq_acc, dc_row, dq_desc,
