@@ -4,13 +4,11 @@ On the CPU these run only through the interpreter (test_interpreted_kernels belo
 """
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from fox_kernel.testing import run_interpreted
 from fox_layers.kernels.norm_gate import _NormGate, norm_gate_reference
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -45,10 +43,7 @@ def test_norm_gate_matches_twin(shared, act, dtype):
 def test_interpreted_kernels():
     if INTERPRET:
         pytest.skip("already interpreted")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not interpreted"],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent)
-    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+    run_interpreted(__file__)
 
 
 @pytest.mark.skipif(not CAN_RUN, reason="needs a GPU or TRITON_INTERPRET=1")

@@ -5,14 +5,12 @@ bf16 under autocast, as training runs it.
 """
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fox_kernel.testing import run_interpreted
 from fox_models.loss import per_token_cross_entropy
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -93,7 +91,4 @@ def test_fused_loss_bf16_autocast_matches_unfused():
 def test_interpreted_fused_loss():
     if INTERPRET:
         pytest.skip("already interpreted")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "not interpreted"],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parent)
-    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+    run_interpreted(__file__)

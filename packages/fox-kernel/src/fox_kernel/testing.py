@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -31,3 +36,13 @@ def random_log_fgate(shape, *, speed="fast", device="cpu", generator=None) -> to
     shift = {"fast": 1.0, "slow": 6.0, "bench": 4.0}[speed]
     logits = torch.randn(shape, device=device, generator=generator) + shift
     return F.logsigmoid(logits).float()
+
+
+def run_interpreted(test_file: str, *, select: str = "not interpreted", timeout: int = 600) -> None:
+    """Run the tests of ``test_file`` matching ``-k select`` in a fresh process with TRITON_INTERPRET=1
+    (the interpreter must be on before Triton kernels are defined); fail with the run's output unless
+    they pass. For a test that re-runs its own file on the CPU, which has no GPU to run the kernels."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", select],
+                         env=env, capture_output=True, text=True, timeout=timeout, cwd=Path(test_file).parent)
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
