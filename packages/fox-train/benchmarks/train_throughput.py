@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 import fox_models  # noqa: F401
 from fox_models.presets import get_preset
 from fox_train.metrics import flops_per_token, peak_flops
+from fox_train.train import CUDA_GRAPH_MODES
 
 # (name, preset family, config overrides, recompute_projections)
 MODELS = [
@@ -81,7 +82,7 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
     torch.cuda.reset_peak_memory_stats()
 
     def step():
-        if compile_blocks and compile_mode in ("reduce-overhead", "max-autotune"):  # CUDA graphs
+        if compile_blocks and compile_mode in CUDA_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=inputs, labels=labels).loss.mean()

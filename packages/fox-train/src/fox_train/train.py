@@ -189,6 +189,7 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that run CUDA graphs
 
 
 def _check_compile(cfg: TrainConfig) -> bool:
@@ -197,7 +198,7 @@ def _check_compile(cfg: TrainConfig) -> bool:
         raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {cfg.compile_mode!r}")
     if cfg.compile_mode is not None and not cfg.compile:
         raise ValueError(f"compile_mode={cfg.compile_mode!r} needs compile=true")
-    graphs = cfg.compile and cfg.compile_mode in ("reduce-overhead", "max-autotune")
+    graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES
     if graphs and cfg.strategy.name not in ("single", "ddp"):
         raise ValueError(f"compile_mode={cfg.compile_mode!r} (CUDA graphs) works with strategy single or ddp, "
                          f"not {cfg.strategy.name!r}")
