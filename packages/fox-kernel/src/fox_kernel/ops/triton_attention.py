@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from fox_kernel.ops.gates import gate_grad_from_dc, prefix_sums
+from fox_kernel.ops.gluon_attention import gluon_block_m, gluon_dkdv, use_gluon_dkdv
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1003,17 +1004,14 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                                        [1, 1, cfg["BLOCK_D"], cfg["BLOCK_M"]])
     else:
         dq_acc = dq_desc = dc_row  # not touched
-    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
-    # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
-    clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
-    grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), D, H // Hkv)
-    _kernel(_dkdv_kernel, Tq, Tk)[grid](
-        q, k, v, c, clq, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
-        dq_acc, dc_row, dq_desc,
-        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
-        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), *_strides3(dq_acc),
-        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, FUSED_DQ=fused, **flags, **cfg,
-    )
+    if not fused and use_gluon_dkdv(q, k, v, do, seq_start, cu_seqlens, threshold):
+        # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
+        block_m = gluon_block_m(D)
+        clq = local_sums(c, cu_seqlens, n_rows, t_max, block_m, (Tk - Tq) % block_m)
+        gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale)
+    else:
+        _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, q_desc, do_desc,
+                   dq_acc, dc_row, dq_desc, cfg, flags, fused, n_rows, t_max, sm_scale)
     if fused:
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
     else:
@@ -1024,6 +1022,22 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     dc[..., Tk - Tq :] += dc_row
     dlog_fgate = gate_grad_from_dc(dc, seq_start, cu_seqlens)
     return dq, dk, dv, dlog_fgate
+
+
+def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, q_desc, do_desc, dq_acc,
+               dc_row, dq_desc, cfg, flags, fused, n_rows, t_max, sm_scale):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
+    clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
+    grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), D, H // Hkv)
+    _kernel(_dkdv_kernel, Tq, Tk)[grid](
+        q, k, v, c, clq, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
+        dq_acc, dc_row, dq_desc,
+        *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), *_strides3(dq_acc),
+        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, FUSED_DQ=fused, **flags, **cfg,
+    )
 
 
 def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, use_tma, flags, n_rows,

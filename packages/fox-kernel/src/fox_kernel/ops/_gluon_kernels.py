@@ -1,0 +1,206 @@
+"""Gluon kernels for Hopper (sm90): the dK/dV pass of the backward, warp-specialised.
+
+Imported only through ``gluon_attention`` (Gluon is experimental and not in every Triton build).
+
+One program owns a block of BLOCK_N keys of one key/value head and walks the query blocks that see it,
+for every query head of its group. A one-warp producer partition streams the Q and dO tiles through a
+ring of STAGES shared-memory slots with TMA; the eight consumer warps (two warpgroups, 64 key rows
+each) run the four tile matmuls per query block as asynchronous wgmma:
+
+* ``S^T = K Q^T`` and ``dP^T = V dO^T`` are issued together, and the exponentials start as soon as the
+  first is done;
+* ``dV += P^T dO`` and ``dK += dS^T Q`` take P^T and dS^T from registers (no shared-memory round trip);
+* a slot is handed back to the producer once the matmuls that read it are done.
+
+The FoX bias and the gate gradient follow the Triton dK/dV pass (``triton_attention``): the bias is
+measured from ``c`` at the key block's first row, the query side of it comes from the float32 local
+sums plus one float64 offset per query tile, and ``dc_j`` takes minus the column sums of dS.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mbarrier as ampere_mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Query blocks that see key block ``pid_n``: [m_lo, m_mid) on the diagonal, then [m_mid, m_full)
+    whole, then [max(m_mid, m_full), t_q) cut by the end of the queries."""
+    m_lo = (gl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
+    m_mid = gl.minimum(gl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
+    m_mid = gl.maximum(m_mid, m_lo)
+    m_full = (t_q // BLOCK_M) * BLOCK_M
+    return m_lo, m_mid, m_full
+
+
+@gluon.jit
+def _load_partition(q_desc, do_desc, q_s, do_s, ready, empty, q_row0, col0, pid_n, shift, t_q,
+                    GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr):
+    m_lo, _, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
+    nbytes: gl.constexpr = 2 * BLOCK_M * HEAD_D * q_desc.dtype.primitive_bitwidth // 8
+    i = 0
+    for g in range(GROUP):
+        col = col0 + g * HEAD_D
+        for start_m in range(m_lo, t_q, BLOCK_M):
+            s = i % STAGES
+            phase = (i // STAGES) & 1
+            # a fresh barrier counts as having completed the phase before its first: the first
+            # pass over the ring does not wait
+            mbarrier.wait(empty.index(s), phase ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_row0 + start_m, col], ready.index(s), q_s.index(s))
+            tma.async_copy_global_to_shared(do_desc, [q_row0 + start_m, col], ready.index(s), do_s.index(s))
+            i += 1
+
+
+@gluon.jit
+def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr, delta_ptr, clq_ptr,
+               seg, start_m, shift, t_q, sm_scale2,
+               MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+               s_layout: gl.constexpr, a_layout: gl.constexpr):
+    s = i % STAGES
+    phase = (i // STAGES) & 1
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    if MASKED:
+        mask_m = offs_m < t_q
+        lse = gl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf"))
+        delta = gl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
+        c_q2 = gl.load(clq_ptr + shift + offs_m, mask=mask_m, other=0.0)
+    else:
+        lse = gl.load(lse_ptr + offs_m)
+        delta = gl.load(delta_ptr + offs_m)
+        c_q2 = gl.load(clq_ptr + shift + offs_m)
+    # log2 of the softmax denominator less the row term of the bias
+    lse2 = lse * LOG2E - (c_q2 + seg)
+
+    mbarrier.wait(ready.index(s), phase)
+    q_t = q_s.index(s)
+    do_t = do_s.index(s)
+    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
+    s_t = warpgroup_mma(k_s, q_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp_t = warpgroup_mma(v_s, do_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
+    s_t = s_t * sm_scale2 - c_k2[:, None]
+    if MASKED:
+        keep = (offs_n[:, None] <= (offs_m + shift)[None, :]) & mask_m[None, :]
+        s_t = gl.where(keep, s_t, float("-inf"))
+    p_t = gl.exp2(s_t - lse2[None, :])
+    dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
+    ds_t = p_t * (dp_t - delta[None, :])
+    dtype: gl.constexpr = q_s.dtype
+    dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_t, dv, is_async=True)
+    dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_t, dk, is_async=True)
+    dc = dc - gl.sum(ds_t, axis=1)
+    dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk])
+    ampere_mbarrier.arrive(empty.index(s))
+    return i + 1, dk, dv, dc
+
+
+@gluon.jit
+def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar,
+                       b, hk, pid_n, shift, t_q, t_k,
+                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
+                       stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    m_lo, m_mid, m_full = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=row_layout)
+    mask_n = offs_n < t_k
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    i = 0
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        c_ptr = C + b * stride_cb + h * stride_ch
+        clq_ptr = CLQ + b * stride_cb + h * stride_ch
+        lse_ptr = LSE + b * stride_lb + h * stride_lh
+        delta_ptr = DELTA + b * stride_lb + h * stride_lh
+        anchor = gl.load(c_ptr + pid_n * BLOCK_N)
+        c_k = gl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
+        c_k2 = (c_k - anchor).to(gl.float32) * LOG2E
+        dc = gl.zeros([BLOCK_N], gl.float32, row_layout)
+        for start_m in range(m_lo, m_mid, BLOCK_M):
+            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
+            i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
+                                       delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
+                                       True, BLOCK_M, BLOCK_N, STAGES, s_layout, a_layout)
+        for start_m in range(m_mid, m_full, BLOCK_M):
+            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
+            i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
+                                       delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
+                                       False, BLOCK_M, BLOCK_N, STAGES, s_layout, a_layout)
+        for start_m in range(gl.maximum(m_mid, m_full), t_q, BLOCK_M):
+            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
+            i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
+                                       delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
+                                       True, BLOCK_M, BLOCK_N, STAGES, s_layout, a_layout)
+        gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
+
+    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
+    mask = (rows < t_k)[:, None]
+    rows64 = rows.to(gl.int64)[:, None]
+    dk_ptrs = DK + b.to(gl.int64) * stride_dkb + hk * stride_dkh + rows64 * stride_dkt + cols[None, :]
+    dv_ptrs = DV + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows64 * stride_dvt + cols[None, :]
+    gl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
+    gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC,
+                      stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
+                      stride_cb, stride_ch, stride_lb, stride_lh,
+                      HKV, Tq, Tk, sm_scale, sm_scale2,
+                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    shift = Tk - Tq
+
+    dtype: gl.constexpr = q_desc.dtype
+    k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], v_desc.layout)
+    q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    mbarrier.init(kv_bar, count=1)
+
+    k_row = b * Tk + pid_n * BLOCK_N
+    mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_D * dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(k_desc, [k_row, hk * HEAD_D], kv_bar, k_s)
+    tma.async_copy_global_to_shared(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
+
+    gl.warp_specialize(
+        [
+            (_compute_partition, (C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar,
+                                  b, hk, pid_n, shift, Tq, Tk,
+                                  stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
+                                  stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS)),
+            (_load_partition, (q_desc, do_desc, q_s, do_s, ready, empty, b * Tq, hk * GROUP * HEAD_D, pid_n, shift,
+                               Tq, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES)),
+        ],
+        [1],
+        [24],
+    )

@@ -1,0 +1,87 @@
+"""Host side of the Gluon (Hopper) dK/dV pass, see ``_gluon_kernels``.
+
+The backward uses it in place of the Triton dK/dV pass where it applies (``use_gluon_dkdv``): an sm90
+GPU, bfloat16 or float16, head dim 64, fixed-length batches without ``seq_start`` or pruning, and a
+Triton build with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the Triton pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+# (BLOCK_M, BLOCK_N, STAGES, consumer warps) per head dim. D=128 would spill registers at these tiles
+# (ptxas, Triton 3.6) and stays on the Triton pass.
+GLUON_TILES = {64: (64, 128, 2, 8)}
+
+
+@functools.cache
+def gluon_kernels():
+    """The Gluon kernel module, or None where this Triton has no (usable) Gluon."""
+    try:
+        from fox_kernel.ops import _gluon_kernels
+    except Exception:  # ImportError, or an older Gluon API
+        return None
+    return _gluon_kernels
+
+
+def _rows_view(x: torch.Tensor):
+    """(rows, row stride) of a (B, T, H, D) tensor read as a 2-D (B*T, H*D) matrix, or None when its
+    strides do not allow that (heads not adjacent, or batches not T rows apart)."""
+    B, T, H, D = x.shape
+    if x.stride(3) != 1 or x.stride(2) != D or (B > 1 and x.stride(0) != T * x.stride(1)):
+        return None
+    if (x.stride(1) * x.element_size()) % 16 or x.data_ptr() % 16:
+        return None
+    return B * T, x.stride(1)
+
+
+def use_gluon_dkdv(q, k, v, do, seq_start, cu_seqlens, threshold) -> bool:
+    if os.environ.get("FOX_KERNEL_GLUON", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
+        return False
+    if seq_start is not None or cu_seqlens is not None or threshold is not None:
+        return False
+    return gluon_kernels() is not None
+
+
+def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale):
+    """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
+    of ``c`` over query tiles of ``gluon_block_m(D)`` rows (see triton_attention.local_sums)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    gk = gluon_kernels()
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    block_m, block_n, stages, warps = GLUON_TILES[D]
+    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+
+    def desc(x, rows):
+        view = _rows_view(x)
+        if view is None:
+            x = x.contiguous()
+            view = _rows_view(x)
+        n_rows, stride = view
+        layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype)
+        return TensorDescriptor(x, [n_rows, x.shape[2] * D], [stride, 1], [rows, D], layout)
+
+    grid = (triton.cdiv(Tk, block_n), B * Hkv)
+    gk.gluon_dkdv_kernel[grid](
+        desc(q, block_m), desc(do, block_m), desc(k, block_n), desc(v, block_n), c, clq, lse, delta, dk, dv, dc,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        Hkv, Tq, Tk, sm_scale, sm_scale * 1.4426950408889634,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, NUM_WARPS=warps,
+        num_warps=warps,
+    )
+
+
+def gluon_block_m(head_dim: int) -> int:
+    return GLUON_TILES[head_dim][0]

@@ -1,0 +1,77 @@
+"""The Gluon (Hopper) dK/dV pass against the float64 reference and against the Triton dK/dV pass."""
+
+import pytest
+import torch
+
+from fox_kernel import forgetting_attention
+from fox_kernel.ops.gluon_attention import gluon_kernels, use_gluon_dkdv
+from fox_kernel.reference import forgetting_attention_ref
+from fox_kernel.testing import assert_close_to_reference, random_log_fgate
+
+pytestmark = pytest.mark.gpu
+
+
+def _hopper_with_gluon():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon_kernels() is not None
+
+
+@pytest.fixture(autouse=True)
+def _needs_gluon():
+    if not _hopper_with_gluon():
+        pytest.skip("needs an sm90 GPU and a Triton with Gluon")
+
+
+def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tk, Hkv, D, generator=g)
+    v = torch.randn(B, Tk, Hkv, D, generator=g)
+    lf = random_log_fgate((B, Tk, H), speed=speed, generator=g)
+    do = torch.randn(B, Tq, H, D, generator=g)
+    cast = lambda x, dt: x.to("cuda", dt).requires_grad_()
+    return [cast(q, dtype), cast(k, dtype), cast(v, dtype), cast(lf, torch.float32)], do.to("cuda", dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("B, Tq, Tk, H, Hkv, speed", [
+    (2, 1000, 1000, 4, 4, "fast"),   # partial last blocks, batches read through one 2-D view
+    (1, 777, 777, 8, 2, "slow"),     # GQA
+    (3, 129, 129, 2, 2, "fast"),     # one key block and one row more
+    (2, 333, 1000, 4, 2, "fast"),    # queries shorter than keys, GQA
+    (1, 5, 300, 4, 4, "fast"),       # a few queries: every query block cut by its end
+])
+def test_gluon_dkdv_matches_reference_and_triton(monkeypatch, dtype, B, Tq, Tk, H, Hkv, speed):
+    inputs, do = _inputs(B, Tq, Tk, H, Hkv, 64, dtype, speed, seed=Tq + H)
+    assert use_gluon_dkdv(*inputs[:3], do, None, None, None)
+    out = forgetting_attention(*inputs)
+    grads = torch.autograd.grad(out, inputs, do)
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
+    triton_grads = torch.autograd.grad(forgetting_attention(*inputs), inputs, do)
+    assert torch.equal(grads[0], triton_grads[0])  # dQ comes from the same Triton pass
+    exact_in = [x.detach().double().requires_grad_() for x in inputs]
+    same_in = [x.detach().clone().requires_grad_() for x in inputs]
+    exact = torch.autograd.grad(forgetting_attention_ref(*exact_in), exact_in, do.double())
+    same = torch.autograd.grad(forgetting_attention_ref(*same_in), same_in, do)
+    for name, a, t, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), grads, triton_grads, exact, same):
+        assert_close_to_reference(a, e, s, name=name, factor=3.0)
+        # and no further from float64 than the Triton pass, up to rounding
+        err, err_triton = (a.double() - e).abs().max(), (t.double() - e).abs().max()
+        assert err <= 1.5 * err_triton + 1e-3 * e.abs().max(), (name, err.item(), err_triton.item())
+
+
+def test_gluon_dkdv_reads_strided_and_head_first_inputs(monkeypatch):
+    """q/k/v as slices of one fused projection (rows wider than H*D) and in head-first layout (copied)."""
+    B, T, H, D = 2, 300, 4, 64
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(B, T, 3 * H * D, generator=g).to("cuda", torch.bfloat16)
+    q, k, v = (x.view(B, T, H, D).requires_grad_() for x in qkv.split(H * D, dim=-1))
+    lf = random_log_fgate((B, T, H), speed="fast", generator=g).cuda().requires_grad_()
+    do = torch.randn(B, T, H, D, generator=g).to("cuda", torch.bfloat16)
+    grads = torch.autograd.grad(forgetting_attention(q, k, v, lf), (q, k, v, lf), do)
+    hf = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v, lf)]
+    grads_hf = torch.autograd.grad(forgetting_attention(*hf, head_first=True), hf, do.transpose(1, 2))
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
+    ref = torch.autograd.grad(forgetting_attention(q, k, v, lf), (q, k, v, lf), do)
+    for a, b, r in zip(grads, grads_hf, ref):
+        assert torch.equal(a, b.transpose(1, 2))
+        torch.testing.assert_close(a.float(), r.float(), rtol=2e-2, atol=2e-2)
