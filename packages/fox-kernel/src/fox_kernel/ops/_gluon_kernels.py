@@ -4,13 +4,14 @@ Imported only through ``gluon_attention`` (Gluon is experimental and not in ever
 
 One program owns a block of BLOCK_N keys of one key/value head and walks the query blocks that see it,
 for every query head of its group. A one-warp producer partition streams the Q and dO tiles through a
-ring of STAGES shared-memory slots with TMA; the eight consumer warps (two warpgroups, 64 key rows
-each) run the four tile matmuls per query block as asynchronous wgmma:
+ring of STAGES shared-memory slots with TMA; two consumer partitions of one warpgroup each own half
+of the key rows and run, each at its own pace, the four tile matmuls per query block as asynchronous
+wgmma (so one's exponentials overlap the other's matmuls):
 
 * ``S^T = K Q^T`` and ``dP^T = V dO^T`` are issued together, and the exponentials start as soon as the
   first is done;
 * ``dV += P^T dO`` and ``dK += dS^T Q`` take P^T and dS^T from registers (no shared-memory round trip);
-* a slot is handed back to the producer once the matmuls that read it are done.
+* a slot is handed back to the producer once both consumers' matmuls that read it are done.
 
 The FoX bias and the gate gradient follow the Triton dK/dV pass (``triton_attention``): the bias is
 measured from ``c`` at the key block's first row, the query side of it comes from the float32 local
@@ -103,24 +104,27 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, l
 
 
 @gluon.jit
-def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar,
+def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_all, v_all, q_s, do_s, ready, empty, kv_bar,
                        b, hk, pid_n, shift, t_q, t_k,
                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                        stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                       STAGES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     m_lo, m_mid, m_full = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=row_layout)
+    k_s = k_all.slice(ROW0, ROWS)
+    v_s = v_all.slice(ROW0, ROWS)
+    offs_n = pid_n * BLOCK_N + ROW0 + gl.arange(0, ROWS, layout=row_layout)
     mask_n = offs_n < t_k
-    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, kv_layout)
+    dk = gl.zeros([ROWS, HEAD_D], gl.float32, kv_layout)
+    dv = gl.zeros([ROWS, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_bar, 0)
     i = 0
     for g in range(GROUP):
@@ -132,25 +136,25 @@ def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, read
         anchor = gl.load(c_ptr + pid_n * BLOCK_N)
         c_k = gl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(gl.float32) * LOG2E
-        dc = gl.zeros([BLOCK_N], gl.float32, row_layout)
+        dc = gl.zeros([ROWS], gl.float32, row_layout)
         for start_m in range(m_lo, m_mid, BLOCK_M):
             seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
             i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
                                        delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
-                                       True, BLOCK_M, BLOCK_N, STAGES, s_layout, a_layout)
+                                       True, BLOCK_M, ROWS, STAGES, s_layout, a_layout)
         for start_m in range(m_mid, m_full, BLOCK_M):
             seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
             i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
                                        delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
-                                       False, BLOCK_M, BLOCK_N, STAGES, s_layout, a_layout)
+                                       False, BLOCK_M, ROWS, STAGES, s_layout, a_layout)
         for start_m in range(gl.maximum(m_mid, m_full), t_q, BLOCK_M):
             seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
             i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
                                        delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
-                                       True, BLOCK_M, BLOCK_N, STAGES, s_layout, a_layout)
+                                       True, BLOCK_M, ROWS, STAGES, s_layout, a_layout)
         gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
 
-    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    rows = pid_n * BLOCK_N + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, kv_layout))
     mask = (rows < t_k)[:, None]
     rows64 = rows.to(gl.int64)[:, None]
@@ -166,7 +170,7 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
                       stride_cb, stride_ch, stride_lb, stride_lh,
                       HKV, Tq, Tk, sm_scale, sm_scale2,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
+                      STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
     b = pid_bh // HKV
@@ -183,7 +187,7 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # released by both consumer warpgroups
     mbarrier.init(kv_bar, count=1)
 
     k_row = b * Tk + pid_n * BLOCK_N
@@ -191,16 +195,21 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     tma.async_copy_global_to_shared(k_desc, [k_row, hk * HEAD_D], kv_bar, k_s)
     tma.async_copy_global_to_shared(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
 
+    ROWS: gl.constexpr = BLOCK_N // 2
+    # (constexprs must be spelled out: a tuple built in the kernel would turn them into tensors)
     gl.warp_specialize(
         [
-            (_compute_partition, (C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar,
-                                  b, hk, pid_n, shift, Tq, Tk,
-                                  stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-                                  stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
-                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, NUM_WARPS)),
+            (_compute_partition, (C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar, b, hk,
+                                  pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  stride_dvh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, 0, ROWS)),
+            (_compute_partition, (C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar, b, hk,
+                                  pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  stride_dvh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, ROWS, ROWS)),
             (_load_partition, (q_desc, do_desc, q_s, do_s, ready, empty, b * Tq, hk * GROUP * HEAD_D, pid_n, shift,
                                Tq, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES)),
         ],
-        [1],
-        [24],
+        [4, 1],
+        [CONSUMER_REGS, 24],
     )
