@@ -40,56 +40,63 @@ def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _load_partition(q_desc, do_desc, q_s, do_s, ready, empty, q_row0, col0, pid_n, shift, t_q,
+def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA,
+                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, pid_n, shift, t_q,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr):
+    """Fills the ring: per query block, the Q and dO tiles (TMA) and two row vectors (written here, off
+    the consumers' path): log2 of the softmax denominators less the row term of the bias, and delta."""
+    vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     m_lo, _, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
     nbytes: gl.constexpr = 2 * BLOCK_M * HEAD_D * q_desc.dtype.primitive_bitwidth // 8
     i = 0
     for g in range(GROUP):
-        col = col0 + g * HEAD_D
+        h = hk * GROUP + g
+        c_ptr = C + b * stride_cb + h * stride_ch
+        clq_ptr = CLQ + b * stride_cb + h * stride_ch
+        lse_ptr = LSE + b * stride_lb + h * stride_lh
+        delta_ptr = DELTA + b * stride_lb + h * stride_lh
+        anchor = gl.load(c_ptr + pid_n * BLOCK_N)
         for start_m in range(m_lo, t_q, BLOCK_M):
+            offs_m = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
+            mask_m = offs_m < t_q  # rows past the end get no weight (lse = inf)
+            lse = gl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf"))
+            delta = gl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
+            c_q2 = gl.load(clq_ptr + shift + offs_m, mask=mask_m, other=0.0)
+            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
             s = i % STAGES
-            phase = (i // STAGES) & 1
-            # a fresh barrier counts as having completed the phase before its first: the first
-            # pass over the ring does not wait
-            mbarrier.wait(empty.index(s), phase ^ 1)
+            # a fresh barrier counts as having completed the phase before its first: the first pass
+            # over the ring does not wait
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            lse_s.index(s).store(lse * LOG2E - (c_q2 + seg))
+            delta_s.index(s).store(delta)
+            gl.thread_barrier()  # every lane's stores before the one-thread arrival below
             mbarrier.expect(ready.index(s), nbytes)
-            tma.async_copy_global_to_shared(q_desc, [q_row0 + start_m, col], ready.index(s), q_s.index(s))
-            tma.async_copy_global_to_shared(do_desc, [q_row0 + start_m, col], ready.index(s), do_s.index(s))
+            row = b * t_q + start_m
+            tma.async_copy_global_to_shared(q_desc, [row, h * HEAD_D], ready.index(s), q_s.index(s))
+            tma.async_copy_global_to_shared(do_desc, [row, h * HEAD_D], ready.index(s), do_s.index(s))
             i += 1
 
 
 @gluon.jit
-def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr, delta_ptr, clq_ptr,
-               seg, start_m, shift, t_q, sm_scale2,
-               MASKED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               s_layout: gl.constexpr, a_layout: gl.constexpr):
+def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2, offs_n,
+               start_m, m_mid, shift, t_q, sm_scale2,
+               BLOCK_M: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr):
+    """Query block ``start_m``, from ring slot ``i``."""
     s = i % STAGES
-    phase = (i // STAGES) & 1
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
-    if MASKED:
-        mask_m = offs_m < t_q
-        lse = gl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf"))
-        delta = gl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
-        c_q2 = gl.load(clq_ptr + shift + offs_m, mask=mask_m, other=0.0)
-    else:
-        lse = gl.load(lse_ptr + offs_m)
-        delta = gl.load(delta_ptr + offs_m)
-        c_q2 = gl.load(clq_ptr + shift + offs_m)
-    # log2 of the softmax denominator less the row term of the bias
-    lse2 = lse * LOG2E - (c_q2 + seg)
-
-    mbarrier.wait(ready.index(s), phase)
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
     q_t = q_s.index(s)
     do_t = do_s.index(s)
-    zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout)
     s_t = warpgroup_mma(k_s, q_t.permute((1, 0)), zero, use_acc=False, is_async=True)
     dp_t = warpgroup_mma(v_s, do_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    lse2 = lse_s.index(s).load(col_layout)
+    delta = delta_s.index(s).load(col_layout)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
     s_t = s_t * sm_scale2 - c_k2[:, None]
-    if MASKED:
-        keep = (offs_n[:, None] <= (offs_m + shift)[None, :]) & mask_m[None, :]
+    if (start_m < m_mid) | (start_m + BLOCK_M > t_q):  # the diagonal, or the end of the queries
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
+        keep = (offs_n[:, None] <= (offs_m + shift)[None, :]) & (offs_m < t_q)[None, :]
         s_t = gl.where(keep, s_t, float("-inf"))
     p_t = gl.exp2(s_t - lse2[None, :])
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
@@ -100,14 +107,14 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, l
     dc = dc - gl.sum(ds_t, axis=1)
     dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk])
     ampere_mbarrier.arrive(empty.index(s))
-    return i + 1, dk, dv, dc
+    return dk, dv, dc
 
 
 @gluon.jit
-def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_all, v_all, q_s, do_s, ready, empty, kv_bar,
+def _compute_partition(C, DK, DV, DC, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                        b, hk, pid_n, shift, t_q, t_k,
                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-                       stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                       stride_cb, stride_ch, sm_scale, sm_scale2,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
@@ -118,11 +125,12 @@ def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_all, v_all, q_s, do_s, 
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    m_lo, m_mid, m_full = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
+    m_lo, m_mid, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
     k_s = k_all.slice(ROW0, ROWS)
     v_s = v_all.slice(ROW0, ROWS)
     offs_n = pid_n * BLOCK_N + ROW0 + gl.arange(0, ROWS, layout=row_layout)
     mask_n = offs_n < t_k
+    zero = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([ROWS, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([ROWS, HEAD_D], gl.float32, kv_layout)
     mbarrier.wait(kv_bar, 0)
@@ -130,28 +138,15 @@ def _compute_partition(C, CLQ, LSE, DELTA, DK, DV, DC, k_all, v_all, q_s, do_s, 
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + b * stride_cb + h * stride_ch
-        clq_ptr = CLQ + b * stride_cb + h * stride_ch
-        lse_ptr = LSE + b * stride_lb + h * stride_lh
-        delta_ptr = DELTA + b * stride_lb + h * stride_lh
         anchor = gl.load(c_ptr + pid_n * BLOCK_N)
         c_k = gl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(gl.float32) * LOG2E
         dc = gl.zeros([ROWS], gl.float32, row_layout)
-        for start_m in range(m_lo, m_mid, BLOCK_M):
-            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
-            i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
-                                       delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
-                                       True, BLOCK_M, ROWS, STAGES, s_layout, a_layout)
-        for start_m in range(m_mid, m_full, BLOCK_M):
-            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
-            i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
-                                       delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
-                                       False, BLOCK_M, ROWS, STAGES, s_layout, a_layout)
-        for start_m in range(gl.maximum(m_mid, m_full), t_q, BLOCK_M):
-            seg = ((gl.load(c_ptr + shift + start_m) - anchor) * LOG2E).to(gl.float32)
-            i, dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, ready, empty, c_k2, offs_n, lse_ptr,
-                                       delta_ptr, clq_ptr, seg, start_m, shift, t_q, sm_scale2,
-                                       True, BLOCK_M, ROWS, STAGES, s_layout, a_layout)
+        for start_m in range(m_lo, t_q, BLOCK_M):
+            dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2,
+                                    offs_n, start_m, m_mid, shift, t_q, sm_scale2, BLOCK_M, STAGES, s_layout,
+                                    a_layout)
+            i += 1
         gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
 
     rows = pid_n * BLOCK_N + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, kv_layout))
@@ -170,7 +165,7 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
                       stride_cb, stride_ch, stride_lb, stride_lh,
                       HKV, Tq, Tk, sm_scale, sm_scale2,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                      STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
     b = pid_bh // HKV
@@ -182,6 +177,9 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     v_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], v_desc.layout)
     q_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], q_desc.layout)
     do_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_D], do_desc.layout)
+    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    lse_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_smem)
+    delta_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], vec_smem)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -196,20 +194,21 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     tma.async_copy_global_to_shared(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
 
     ROWS: gl.constexpr = BLOCK_N // 2
-    # (constexprs must be spelled out: a tuple built in the kernel would turn them into tensors)
+    # (constexprs are spelled out: a tuple built in the kernel would turn them into tensors)
     gl.warp_specialize(
         [
-            (_compute_partition, (C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar, b, hk,
+            (_compute_partition, (C, DK, DV, DC, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar, b, hk,
                                   pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
-                                  stride_dvh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, 0, ROWS)),
-            (_compute_partition, (C, CLQ, LSE, DELTA, DK, DV, DC, k_s, v_s, q_s, do_s, ready, empty, kv_bar, b, hk,
+            (_compute_partition, (C, DK, DV, DC, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar, b, hk,
                                   pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
-                                  stride_dvh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, ROWS, ROWS)),
-            (_load_partition, (q_desc, do_desc, q_s, do_s, ready, empty, b * Tq, hk * GROUP * HEAD_D, pid_n, shift,
-                               Tq, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES)),
+            (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA,
+                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, pid_n, shift, Tq,
+                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES)),
         ],
         [4, 1],
-        [CONSUMER_REGS, 24],
+        [CONSUMER_REGS, LOADER_REGS],
     )

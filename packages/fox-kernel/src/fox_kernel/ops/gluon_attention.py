@@ -13,9 +13,9 @@ import os
 import torch
 import triton
 
-# (BLOCK_M, BLOCK_N, STAGES, registers per consumer thread) per head dim. D=128 would spill registers at
-# these tiles (ptxas, Triton 3.6) and stays on the Triton pass.
-GLUON_TILES = {64: (64, 128, 2, 240)}
+# (BLOCK_M, BLOCK_N, STAGES, registers per consumer / loader thread) per head dim. D=128 would spill
+# registers at these tiles (ptxas, Triton 3.6) and stays on the Triton pass.
+GLUON_TILES = {64: (64, 128, 2, 240, 24)}
 
 
 @functools.cache
@@ -60,7 +60,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale):
     gk = gluon_kernels()
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    block_m, block_n, stages, regs = GLUON_TILES[D]
+    block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
     gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
 
     def desc(x, rows):
@@ -78,7 +78,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale):
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         Hkv, Tq, Tk, sm_scale, sm_scale * 1.4426950408889634,
-        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=regs,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=regs, LOADER_REGS=loader_regs,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
 
