@@ -32,6 +32,7 @@ def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
     return [cast(q, dtype), cast(k, dtype), cast(v, dtype), cast(lf, torch.float32)], do.to("cuda", dtype)
 
 
+@pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("B, Tq, Tk, H, Hkv, speed", [
     (2, 1000, 1000, 4, 4, "fast"),   # partial last blocks, batches read through one 2-D view
@@ -40,8 +41,8 @@ def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
     (2, 333, 1000, 4, 2, "fast"),    # queries shorter than keys, GQA
     (1, 5, 300, 4, 4, "fast"),       # a few queries: every query block cut by its end
 ])
-def test_gluon_dkdv_matches_reference_and_triton(monkeypatch, dtype, B, Tq, Tk, H, Hkv, speed):
-    inputs, do = _inputs(B, Tq, Tk, H, Hkv, 64, dtype, speed, seed=Tq + H)
+def test_gluon_dkdv_matches_reference_and_triton(monkeypatch, D, dtype, B, Tq, Tk, H, Hkv, speed):
+    inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed=Tq + H)
     assert use_gluon_dkdv(*inputs[:3], do, None, None, None)
     out = forgetting_attention(*inputs)
     grads = torch.autograd.grad(out, inputs, do)
@@ -75,3 +76,20 @@ def test_gluon_dkdv_reads_strided_and_head_first_inputs(monkeypatch):
     for a, b, r in zip(grads, grads_hf, ref):
         assert torch.equal(a, b.transpose(1, 2))
         torch.testing.assert_close(a.float(), r.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_dkdv_with_pruning(monkeypatch, D):
+    """Pruned key/query block pairs are skipped: within the bound's tolerance of the exact gradients, a
+    loose threshold really changes them, and the Triton pass (other tiles) agrees to the same tolerance."""
+    inputs, do = _inputs(1, 1500, 1500, 4, 2, D, torch.bfloat16, "fast", seed=5)
+    exact = torch.autograd.grad(forgetting_attention(*inputs), inputs, do)
+    pruned = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold="auto"), inputs, do)
+    loose = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold=-0.5), inputs, do)
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
+    pruned_triton = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold="auto"), inputs, do)
+    for name, e, p, t in zip(("dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
+        scale = max(e.float().abs().max().item(), 1.0)
+        assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+        assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+    assert max((e.float() - lo.float()).abs().max().item() for e, lo in zip(exact, loose)) > 0.05

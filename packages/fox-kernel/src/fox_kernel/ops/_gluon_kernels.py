@@ -40,10 +40,20 @@ def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA,
-                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, pid_n, shift, t_q,
+def _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH: gl.constexpr):
+    """End of the query blocks of key block ``pid_n`` and head ``h``: with pruning, those past it see the
+    block through a negligible decay (found up front, see triton_attention._kept_range_kernel)."""
+    if HAS_THRESH:
+        return gl.load(RANGE + (b * H + h).to(gl.int64) * gl.num_programs(0) + pid_n)
+    else:
+        return t_q
+
+
+@gluon.jit
+def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
+                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, t_q,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr):
+                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
     """Fills the ring: per query block, the Q and dO tiles (TMA) and two row vectors (written here, off
     the consumers' path): log2 of the softmax denominators less the row term of the bias, and delta."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
@@ -57,7 +67,7 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
         lse_ptr = LSE + b * stride_lb + h * stride_lh
         delta_ptr = DELTA + b * stride_lb + h * stride_lh
         anchor = gl.load(c_ptr + pid_n * BLOCK_N)
-        for start_m in range(m_lo, t_q, BLOCK_M):
+        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH), BLOCK_M):
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
             mask_m = offs_m < t_q  # rows past the end get no weight (lse = inf)
             lse = gl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf"))
@@ -111,12 +121,12 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
 
 
 @gluon.jit
-def _compute_partition(C, DK, DV, DC, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                       b, hk, pid_n, shift, t_q, t_k,
+def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
+                       b, hk, H, pid_n, shift, t_q, t_k,
                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                        stride_cb, stride_ch, sm_scale, sm_scale2,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       STAGES: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -142,7 +152,7 @@ def _compute_partition(C, DK, DV, DC, k_all, v_all, q_s, do_s, lse_s, delta_s, r
         c_k = gl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(gl.float32) * LOG2E
         dc = gl.zeros([ROWS], gl.float32, row_layout)
-        for start_m in range(m_lo, t_q, BLOCK_M):
+        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH), BLOCK_M):
             dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2,
                                     offs_n, start_m, m_mid, shift, t_q, sm_scale2, BLOCK_M, STAGES, s_layout,
                                     a_layout)
@@ -160,12 +170,13 @@ def _compute_partition(C, DK, DV, DC, k_all, v_all, q_s, do_s, lse_s, delta_s, r
 
 
 @gluon.jit
-def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC,
+def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC, RANGE,
                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                       stride_cb, stride_ch, stride_lb, stride_lh,
-                      HKV, Tq, Tk, sm_scale, sm_scale2,
+                      H, HKV, Tq, Tk, sm_scale, sm_scale2,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      LOADER_REGS: gl.constexpr):
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
     b = pid_bh // HKV
@@ -197,17 +208,17 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     # (constexprs are spelled out: a tuple built in the kernel would turn them into tensors)
     gl.warp_specialize(
         [
-            (_compute_partition, (C, DK, DV, DC, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar, b, hk,
-                                  pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+            (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
+                                  b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2,
-                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, 0, ROWS)),
-            (_compute_partition, (C, DK, DV, DC, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar, b, hk,
-                                  pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
+            (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
+                                  b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2,
-                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, ROWS, ROWS)),
-            (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA,
-                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, pid_n, shift, Tq,
-                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES)),
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
+            (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
+                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, Tq,
+                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],

@@ -1,8 +1,8 @@
 """Host side of the Gluon (Hopper) dK/dV pass, see ``_gluon_kernels``.
 
 The backward uses it in place of the Triton dK/dV pass where it applies (``use_gluon_dkdv``): an sm90
-GPU, bfloat16 or float16, head dim 64, fixed-length batches without ``seq_start`` or pruning, and a
-Triton build with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the Triton pass.
+GPU, bfloat16 or float16, head dim 64 or 128, fixed-length batches without ``seq_start`` (with or
+without pruning), and a Triton build with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the Triton pass.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import os
 import torch
 import triton
 
-# (BLOCK_M, BLOCK_N, STAGES, registers per consumer / loader thread) per head dim. D=128 would spill
-# registers at these tiles (ptxas, Triton 3.6) and stays on the Triton pass.
-GLUON_TILES = {64: (64, 128, 2, 240, 24)}
+# (BLOCK_M, BLOCK_N, STAGES, registers per consumer / loader thread) per head dim, measured on an H200
+# (Triton 3.6, fwd+bwd at T=16k/8k/4k, benchmarks/gluon-d128-h200-s11.json). At D=128 ptxas spills
+# ~380 bytes at BLOCK_M=64 and none at 32, yet 64 was 1-3% faster at every shape.
+GLUON_TILES = {64: (64, 128, 2, 240, 24), 128: (64, 128, 2, 240, 24)}
 
 
 @functools.cache
@@ -46,14 +47,15 @@ def use_gluon_dkdv(q, k, v, do, seq_start, cu_seqlens, threshold) -> bool:
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
         return False
-    if seq_start is not None or cu_seqlens is not None or threshold is not None:
+    if seq_start is not None or cu_seqlens is not None:
         return False
     return gluon_kernels() is not None
 
 
-def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale):
+def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None):
     """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
-    of ``c`` over query tiles of ``gluon_block_m(D)`` rows (see triton_attention.local_sums)."""
+    of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see triton_attention.local_sums);
+    ``ranges``: with pruning, the end of the kept queries of each (row, head, key block)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -75,13 +77,15 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale):
     grid = (triton.cdiv(Tk, block_n), B * Hkv)
     gk.gluon_dkdv_kernel[grid](
         desc(q, block_m), desc(do, block_m), desc(k, block_n), desc(v, block_n), c, clq, lse, delta, dk, dv, dc,
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        ranges, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        Hkv, Tq, Tk, sm_scale, sm_scale * 1.4426950408889634,
-        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=regs, LOADER_REGS=loader_regs,
+        H, Hkv, Tq, Tk, sm_scale, sm_scale * 1.4426950408889634,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
 
 
-def gluon_block_m(head_dim: int) -> int:
-    return GLUON_TILES[head_dim][0]
+def gluon_blocks(head_dim: int) -> dict:
+    """The query and key tile heights of the pass at this head dim."""
+    return dict(BLOCK_M=GLUON_TILES[head_dim][0], BLOCK_N=GLUON_TILES[head_dim][1])

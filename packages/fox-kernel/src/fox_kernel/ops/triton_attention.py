@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from fox_kernel.ops.gates import gate_grad_from_dc, prefix_sums
-from fox_kernel.ops.gluon_attention import gluon_block_m, gluon_dkdv, use_gluon_dkdv
+from fox_kernel.ops.gluon_attention import gluon_blocks, gluon_dkdv, use_gluon_dkdv
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1006,9 +1006,10 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
         dq_acc = dq_desc = dc_row  # not touched
     if not fused and use_gluon_dkdv(q, k, v, do, seq_start, cu_seqlens, threshold):
         # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
-        block_m = gluon_block_m(D)
-        clq = local_sums(c, cu_seqlens, n_rows, t_max, block_m, (Tk - Tq) % block_m)
-        gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale)
+        blocks = gluon_blocks(D)
+        clq = local_sums(c, cu_seqlens, n_rows, t_max, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
+        ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, False)
+        gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges)
     else:
         _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, q_desc, do_desc,
                    dq_acc, dc_row, dq_desc, cfg, flags, fused, n_rows, t_max, sm_scale)
