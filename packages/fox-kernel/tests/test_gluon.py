@@ -43,7 +43,7 @@ def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
 ])
 def test_gluon_dkdv_matches_reference_and_triton(monkeypatch, D, dtype, B, Tq, Tk, H, Hkv, speed):
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed=Tq + H)
-    assert use_gluon_dkdv(*inputs[:3], do, None, None, None)
+    assert use_gluon_dkdv(inputs[0], None, None)
     out = forgetting_attention(*inputs)
     grads = torch.autograd.grad(out, inputs, do)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "0")

@@ -30,13 +30,11 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Query blocks that see key block ``pid_n``: [m_lo, m_mid) on the diagonal, then [m_mid, m_full)
-    whole, then [max(m_mid, m_full), t_q) cut by the end of the queries."""
+    """Query blocks that see key block ``pid_n``: from m_lo, those before m_mid on the diagonal (as
+    triton_attention._query_range without left padding)."""
     m_lo = (gl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
     m_mid = gl.minimum(gl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
-    m_mid = gl.maximum(m_mid, m_lo)
-    m_full = (t_q // BLOCK_M) * BLOCK_M
-    return m_lo, m_mid, m_full
+    return m_lo, gl.maximum(m_mid, m_lo)
 
 
 @gluon.jit
@@ -57,7 +55,7 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
     """Fills the ring: per query block, the Q and dO tiles (TMA) and two row vectors (written here, off
     the consumers' path): log2 of the softmax denominators less the row term of the bias, and delta."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
-    m_lo, _, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
+    m_lo, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
     nbytes: gl.constexpr = 2 * BLOCK_M * HEAD_D * q_desc.dtype.primitive_bitwidth // 8
     i = 0
     for g in range(GROUP):
@@ -135,7 +133,7 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    m_lo, m_mid, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
+    m_lo, m_mid = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
     k_s = k_all.slice(ROW0, ROWS)
     v_s = v_all.slice(ROW0, ROWS)
     offs_n = pid_n * BLOCK_N + ROW0 + gl.arange(0, ROWS, layout=row_layout)

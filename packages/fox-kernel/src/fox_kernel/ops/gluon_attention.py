@@ -40,7 +40,7 @@ def _rows_view(x: torch.Tensor):
     return B * T, x.stride(1)
 
 
-def use_gluon_dkdv(q, k, v, do, seq_start, cu_seqlens, threshold) -> bool:
+def use_gluon_dkdv(q, seq_start, cu_seqlens) -> bool:
     if os.environ.get("FOX_KERNEL_GLUON", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
@@ -58,6 +58,8 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     ``ranges``: with pruning, the end of the kept queries of each (row, head, key block)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from fox_kernel.ops.triton_attention import LOG2E  # (that module imports this one)
 
     gk = gluon_kernels()
     B, Tq, H, D = q.shape
@@ -79,7 +81,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
         desc(q, block_m), desc(do, block_m), desc(k, block_n), desc(v, block_n), c, clq, lse, delta, dk, dv, dc,
         ranges, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Hkv, Tq, Tk, sm_scale, sm_scale * 1.4426950408889634,
+        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers

@@ -991,7 +991,6 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     flags.update(USE_TMA=use_tma, SCAN=_scan())
     fused = fused_backward()
     cfg = _config("fused" if fused else "dkdv", D, q.dtype, q.device)
-    q_desc, do_desc = _descriptors((q, do), cfg["BLOCK_M"], cfg, use_tma)
     # the row term of dc: summed into with atomics (one pass), or written once per row by the dQ pass
     dc_row = (torch.zeros if fused else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
     if fused:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
@@ -1004,15 +1003,15 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                                        [1, 1, cfg["BLOCK_D"], cfg["BLOCK_M"]])
     else:
         dq_acc = dq_desc = dc_row  # not touched
-    if not fused and use_gluon_dkdv(q, k, v, do, seq_start, cu_seqlens, threshold):
+    if not fused and use_gluon_dkdv(q, seq_start, cu_seqlens):
         # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
         blocks = gluon_blocks(D)
         clq = local_sums(c, cu_seqlens, n_rows, t_max, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
         ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, False)
         gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges)
     else:
-        _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, q_desc, do_desc,
-                   dq_acc, dc_row, dq_desc, cfg, flags, fused, n_rows, t_max, sm_scale)
+        _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
+                   cfg, flags, use_tma, fused, n_rows, t_max, sm_scale)
     if fused:
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
     else:
@@ -1025,10 +1024,12 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     return dq, dk, dv, dlog_fgate
 
 
-def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, q_desc, do_desc, dq_acc,
-               dc_row, dq_desc, cfg, flags, fused, n_rows, t_max, sm_scale):
+def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
+               cfg, flags, use_tma, fused, n_rows, t_max, sm_scale):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
+    q_desc, do_desc = _descriptors((q, do), cfg["BLOCK_M"], cfg, use_tma)
+    # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
     ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
     clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
     grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), D, H // Hkv)
