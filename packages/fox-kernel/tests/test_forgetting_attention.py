@@ -267,6 +267,17 @@ def test_backward_mode_is_checked(monkeypatch):
         torch.use_deterministic_algorithms(False)
 
 
+def test_gluon_switch_is_checked(monkeypatch):
+    from fox_kernel.ops.gluon_attention import use_gluon_dkdv
+
+    q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "off")
+    with pytest.raises(ValueError, match="FOX_KERNEL_GLUON"):
+        use_gluon_dkdv(q, None, None)
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "1")
+    assert not use_gluon_dkdv(q, None, None)  # a CPU tensor never takes the Gluon pass
+
+
 def test_sm_scale_and_head_first(device_dtype):
     device, dtype = device_dtype
     _check(device, dtype, B=2, Tq=45, Tk=45, H=2, Hkv=2, D=32, sm_scale=0.3)

@@ -41,7 +41,10 @@ def _rows_view(x: torch.Tensor):
 
 
 def use_gluon_dkdv(q, seq_start, cu_seqlens) -> bool:
-    if os.environ.get("FOX_KERNEL_GLUON", "1") == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    env = os.environ.get("FOX_KERNEL_GLUON", "1")
+    if env not in ("0", "1"):
+        raise ValueError(f"FOX_KERNEL_GLUON must be 0 or 1, got {env!r}")
+    if env == "0" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
         return False
