@@ -268,14 +268,14 @@ def test_backward_mode_is_checked(monkeypatch):
 
 
 def test_gluon_switch_is_checked(monkeypatch):
-    from fox_kernel.ops.gluon_attention import use_gluon_dkdv
+    from fox_kernel.ops.gluon_attention import use_gluon_backward
 
     q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "off")
     with pytest.raises(ValueError, match="FOX_KERNEL_GLUON"):
-        use_gluon_dkdv(q, None, None)
+        use_gluon_backward(q, None, None)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "1")
-    assert not use_gluon_dkdv(q, None, None)  # a CPU tensor never takes the Gluon pass
+    assert not use_gluon_backward(q, None, None)  # a CPU tensor never takes the Gluon pass
 
 
 def test_sm_scale_and_head_first(device_dtype):

@@ -1,8 +1,8 @@
-"""Gluon kernels for Hopper (sm90): the dK/dV pass of the backward, warp-specialised.
+"""Gluon kernels for Hopper (sm90): the two passes of the backward (dK/dV, then dQ), warp-specialised.
 
 Imported only through ``gluon_attention`` (Gluon is experimental and not in every Triton build).
 
-One program owns a block of BLOCK_N keys of one key/value head and walks the query blocks that see it,
+dK/dV: one program owns a block of BLOCK_N keys of one key/value head and walks the query blocks that see it,
 for every query head of its group. A one-warp producer partition streams the Q and dO tiles through a
 ring of STAGES shared-memory slots with TMA; two consumer partitions of one warpgroup each own half
 of the key rows and run, each at its own pace, the four tile matmuls per query block as asynchronous
@@ -217,6 +217,180 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
             (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
                                stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, Tq,
                                GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The dQ pass: one program owns BLOCK_M queries of one head and walks the key blocks they see; the
+# loader streams K and V tiles (and each key block's column term of the bias) through the ring, two
+# consumer warpgroups own half of the query rows each. Same bias split as the Triton dQ pass: measured
+# from ``c`` at the query block's first position, keys through the float32 local sums of BLOCK_N-long
+# tiles plus one float64 offset per tile.
+
+
+@gluon.jit
+def _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HAS_THRESH: gl.constexpr):
+    """Key blocks seen by the query block whose first row sits at key position ``first``: [lo, hi); with
+    pruning, those before lo are seen through a negligible decay (see triton_attention._kept_range_kernel)."""
+    hi = gl.minimum(first + BLOCK_M, t_k)
+    if HAS_THRESH:
+        lo = (gl.load(RANGE + pid_bh.to(gl.int64) * range_cols + pid_m) // BLOCK_N) * BLOCK_N
+    else:
+        lo = 0
+    return lo, hi
+
+
+@gluon.jit
+def _dq_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                       b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+    """Fills the ring: per key block, the K and V tiles (TMA) and log2(e) * (c_j - c_first) of its keys."""
+    vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
+    nbytes: gl.constexpr = 2 * BLOCK_N * HEAD_D * k_desc.dtype.primitive_bitwidth // 8
+    c_ptr = C + b * stride_cb + h * stride_ch
+    cl_ptr = CL + b * stride_cb + h * stride_ch
+    anchor = gl.load(c_ptr + first)
+    lo, hi = _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+        start_n = lo + i * BLOCK_N
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=vec_layout)
+        c_k2 = gl.load(cl_ptr + offs_n, mask=offs_n < t_k, other=0.0)
+        seg = ((gl.load(c_ptr + start_n) - anchor) * LOG2E).to(gl.float32)
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        ck_s.index(s).store(c_k2 + seg)
+        gl.thread_barrier()
+        mbarrier.expect(ready.index(s), nbytes)
+        row = b * t_k + start_n
+        tma.async_copy_global_to_shared(k_desc, [row, hk * HEAD_D], ready.index(s), k_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [row, hk * HEAD_D], ready.index(s), v_s.index(s))
+
+
+@gluon.jit
+def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m, start_n,
+             my_first, my_last, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             s_layout: gl.constexpr, a_layout: gl.constexpr):
+    """Key block ``start_n``, from ring slot ``i``."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    if start_n <= my_last:  # else every key of the block lies past these rows
+        k_t = k_s.index(s)
+        v_t = v_s.index(s)
+        sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_s, v_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        c_k2 = ck_s.index(s).load(col_layout)
+        sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])
+        sc = sc * sm_scale2 - c_k2[None, :]
+        if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+            sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
+        p = gl.exp2(sc - lse2[:, None])
+        dp = warpgroup_mma_wait(num_outstanding=0, deps=[dp])
+        ds = p * (dp - delta[:, None])
+        dq = warpgroup_mma(gl.convert_layout(ds.to(k_s.dtype), a_layout), k_t, dq, is_async=True)
+        dc_row = dc_row + gl.sum(ds, axis=1)
+        dq = warpgroup_mma_wait(num_outstanding=0, deps=[dq])
+    ampere_mbarrier.arrive(empty.index(s))
+    return dq, dc_row
+
+
+@gluon.jit
+def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v_s, ck_s, ready, empty, q_bar,
+                          b, h, pid_bh, pid_m, first, t_q, t_k, stride_dqb, stride_dqt, stride_dqh,
+                          stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    shift = t_k - t_q
+    offs_m = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=row_layout)
+    mask_m = offs_m < t_q
+    pos_m = offs_m + shift
+    c_ptr = C + b * stride_cb + h * stride_ch
+    anchor = gl.load(c_ptr + first)
+    c_q = gl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
+    lse = gl.load(LSE + b * stride_lb + h * stride_lh + offs_m, mask=mask_m, other=float("inf"))
+    # the row term of the bias folded into the log-sum-exp
+    lse2 = lse * LOG2E - (c_q - anchor).to(gl.float32) * LOG2E
+    delta = gl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=mask_m, other=0.0)
+    my_first = first + ROW0
+    my_last = my_first + ROWS - 1
+    q_s = q_all.slice(ROW0, ROWS)
+    do_s = do_all.slice(ROW0, ROWS)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    dq = gl.zeros([ROWS, HEAD_D], gl.float32, dq_layout)
+    dc_row = gl.zeros([ROWS], gl.float32, row_layout)
+    lo, hi = _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    mbarrier.wait(q_bar, 0)
+    for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+        dq, dc_row = _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m,
+                              lo + i * BLOCK_N, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout)
+    gl.store(DC_ROW + b * stride_lb + h * stride_lh + offs_m, dc_row, mask=mask_m)
+    rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, dq_layout))
+    cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
+    dq_ptrs = (DQ + b.to(gl.int64) * stride_dqb + h * stride_dqh + rows.to(gl.int64)[:, None] * stride_dqt
+               + cols[None, :])
+    gl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows < t_q)[:, None])
+
+
+@gluon.jit
+def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols,
+                    stride_dqb, stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh,
+                    H, Tq, Tk, sm_scale, sm_scale2,
+                    GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                    LOADER_REGS: gl.constexpr):
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest blocks (the last: most keys) first
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    first = pid_m * BLOCK_M + Tk - Tq
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    ck_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # released by both consumer warpgroups
+    mbarrier.init(q_bar, count=1)
+
+    q_row = b * Tq + pid_m * BLOCK_M
+    mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(q_desc, [q_row, h * HEAD_D], q_bar, q_s)
+    tma.async_copy_global_to_shared(do_desc, [q_row, h * HEAD_D], q_bar, do_s)
+
+    ROWS: gl.constexpr = BLOCK_M // 2
+    gl.warp_specialize(
+        [
+            (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
+                                     b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
+                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
+            (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
+                                     b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
+                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
+            (_dq_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                                  b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],

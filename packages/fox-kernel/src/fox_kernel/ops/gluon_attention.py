@@ -1,8 +1,9 @@
-"""Host side of the Gluon (Hopper) dK/dV pass, see ``_gluon_kernels``.
+"""Host side of the Gluon (Hopper) backward passes, dK/dV and dQ, see ``_gluon_kernels``.
 
-The backward uses it in place of the Triton dK/dV pass where it applies (``use_gluon_dkdv``): an sm90
+The backward uses them in place of the Triton passes where they apply (``use_gluon_backward``): an sm90
 GPU, bfloat16 or float16, head dim 64 or 128, fixed-length batches without ``seq_start`` (with or
-without pruning), and a Triton build with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the Triton pass.
+without pruning), and a Triton build with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the
+Triton passes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import triton
 # (Triton 3.6, fwd+bwd at T=16k/8k/4k, benchmarks/gluon-d128-h200-s11.json). At D=128 ptxas spills
 # ~380 bytes at BLOCK_M=64 and none at 32, yet 64 was 1-3% faster at every shape.
 GLUON_TILES = {64: (64, 128, 2, 240, 24), 128: (64, 128, 2, 240, 24)}
+# The dQ pass: (BLOCK_M, BLOCK_N, STAGES, consumer / loader registers); BLOCK_M rows are split between
+# the two consumer warpgroups. Measured on an H200 (Triton 3.6, the pass alone, T=16k and 4k, session 12,
+# benchmarks/gluon-dq-h200-s12.json): 128-key tiles beat 64 by 15-20% at both head dims although D=128
+# spills ~100 bytes with them; a third stage and launching heads first were within 2% either way.
+GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
 
 
 @functools.cache
@@ -40,7 +46,7 @@ def _rows_view(x: torch.Tensor):
     return B * T, x.stride(1)
 
 
-def use_gluon_dkdv(q, seq_start, cu_seqlens) -> bool:
+def use_gluon_backward(q, seq_start, cu_seqlens) -> bool:
     env = os.environ.get("FOX_KERNEL_GLUON", "1")
     if env not in ("0", "1"):
         raise ValueError(f"FOX_KERNEL_GLUON must be 0 or 1, got {env!r}")
@@ -59,29 +65,16 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
     of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see triton_attention.local_sums);
     ``ranges``: with pruning, the end of the kept queries of each (row, head, key block)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from fox_kernel.ops.triton_attention import LOG2E  # (that module imports this one)
 
     gk = gluon_kernels()
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
-    gl_dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-
-    def desc(x, rows):
-        view = _rows_view(x)
-        if view is None:
-            x = x.contiguous()
-            view = _rows_view(x)
-        n_rows, stride = view
-        layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype)
-        return TensorDescriptor(x, [n_rows, x.shape[2] * D], [stride, 1], [rows, D], layout)
-
     grid = (triton.cdiv(Tk, block_n), B * Hkv)
     gk.gluon_dkdv_kernel[grid](
-        desc(q, block_m), desc(do, block_m), desc(k, block_n), desc(v, block_n), c, clq, lse, delta, dk, dv, dc,
+        _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        c, clq, lse, delta, dk, dv, dc,
         ranges, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E,
@@ -91,6 +84,45 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     )
 
 
-def gluon_blocks(head_dim: int) -> dict:
-    """The query and key tile heights of the pass at this head dim."""
-    return dict(BLOCK_M=GLUON_TILES[head_dim][0], BLOCK_N=GLUON_TILES[head_dim][1])
+def gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
+    """dQ and the row term of dc (written into ``dq``, ``dc_row``). ``cl``: the local sums of ``c`` over
+    key tiles of ``gluon_blocks(D, "dq")["BLOCK_N"]`` rows; ``ranges``: with pruning, the first kept key
+    of each (row, head, query block)."""
+    from fox_kernel.ops.triton_attention import LOG2E
+
+    gk = gluon_kernels()
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
+    grid = (triton.cdiv(Tq, block_m), B * H)
+    gk.gluon_dq_kernel[grid](
+        _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
+        dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        H, Tq, Tk, sm_scale, sm_scale * LOG2E,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
+    )
+
+
+def _descriptor(x, rows):
+    """TMA descriptor of a (B, T, H, D) tensor read as (B*T, H*D) in (rows, D) tiles (a copy where its
+    strides do not allow that view)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    view = _rows_view(x)
+    if view is None:
+        x = x.contiguous()
+        view = _rows_view(x)
+    n_rows, stride = view
+    D = x.shape[3]
+    gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype)
+    return TensorDescriptor(x, [n_rows, x.shape[2] * D], [stride, 1], [rows, D], layout)
+
+
+def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
+    """The query and key tile heights of a pass ("dkdv" or "dq") at this head dim."""
+    tiles = (GLUON_TILES if kind == "dkdv" else GLUON_DQ_TILES)[head_dim]
+    return dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1])

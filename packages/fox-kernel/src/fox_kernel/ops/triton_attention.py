@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from fox_kernel.ops.gates import gate_grad_from_dc, prefix_sums
-from fox_kernel.ops.gluon_attention import gluon_blocks, gluon_dkdv, use_gluon_dkdv
+from fox_kernel.ops.gluon_attention import gluon_blocks, gluon_dkdv, gluon_dq, use_gluon_backward
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -1003,7 +1003,8 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                                        [1, 1, cfg["BLOCK_D"], cfg["BLOCK_M"]])
     else:
         dq_acc = dq_desc = dc_row  # not touched
-    if not fused and use_gluon_dkdv(q, seq_start, cu_seqlens):
+    gluon = not fused and use_gluon_backward(q, seq_start, cu_seqlens)
+    if gluon:
         # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
         blocks = gluon_blocks(D)
         clq = local_sums(c, cu_seqlens, n_rows, t_max, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
@@ -1014,6 +1015,11 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                    cfg, flags, use_tma, fused, n_rows, t_max, sm_scale)
     if fused:
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
+    elif gluon:
+        blocks = gluon_blocks(D, "dq")
+        ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, True)
+        cl = local_sums(c, cu_seqlens, n_rows, t_max, blocks["BLOCK_N"])
+        gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges)
     else:
         _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, use_tma, flags,
                  n_rows, t_max, sm_scale)
