@@ -78,11 +78,13 @@ def test_gluon_backward_reads_strided_and_head_first_inputs(monkeypatch):
 
 
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("Tq", [1500, 700])
+@pytest.mark.parametrize("Tq", [1500, 732])
 def test_gluon_backward_with_pruning(monkeypatch, D, Tq):
     """Pruned key/query block pairs are skipped: within the bound's tolerance of the exact gradients, a
     loose threshold really changes them, and the Triton passes (other tiles) agree to the same tolerance.
-    Tq < Tk: the dQ pass's table of kept ranges has a column per key-length block, more than its grid."""
+    Tq < Tk: the dQ pass's table of kept ranges has a column per key-length block, more than its grid.
+    (Tk - Tq is a multiple of the tiles: with queries off the key tiles' grid, the nearest prunable key
+    lies tens of fast-decaying steps back and pruning it changes nothing, at any threshold.)"""
     inputs, do = _inputs(1, Tq, 1500, 4, 2, D, torch.bfloat16, "fast", seed=5)
     exact = torch.autograd.grad(forgetting_attention(*inputs), inputs, do)
     pruned = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold="auto"), inputs, do)
