@@ -153,6 +153,7 @@ def test_fixed_bound_softmax_and_its_fallback(device_dtype, monkeypatch):
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the fixed bound is a Triton forward path")
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")  # (the Gluon forward on Hopper has no fixed bound)
     T = 256
     q, k, v, lf = _inputs(1, T, T, 2, 1, 32, device, dtype, speed="bench", seed=4)
     big = torch.ones(1, T, 1, 1, device=device, dtype=dtype)
@@ -179,6 +180,7 @@ def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the fixed bound is a Triton forward path")
+    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")  # (the Gluon forward on Hopper has no fixed bound)
     from fox_kernel.ops.triton_attention import LOG2E, _config
 
     monkeypatch.setenv("FOX_KERNEL_FIXED_ROWS", rows)
@@ -268,14 +270,14 @@ def test_backward_mode_is_checked(monkeypatch):
 
 
 def test_gluon_switch_is_checked(monkeypatch):
-    from fox_kernel.ops.gluon_attention import use_gluon_backward
+    from fox_kernel.ops.gluon_attention import use_gluon
 
     q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "off")
     with pytest.raises(ValueError, match="FOX_KERNEL_GLUON"):
-        use_gluon_backward(q, None, None)
+        use_gluon(q, None, None)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "1")
-    assert not use_gluon_backward(q, None, None)  # a CPU tensor never takes the Gluon pass
+    assert not use_gluon(q, None, None)  # a CPU tensor never takes the Gluon pass
 
 
 def test_sm_scale_and_head_first(device_dtype):

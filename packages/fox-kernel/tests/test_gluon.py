@@ -1,10 +1,10 @@
-"""The Gluon (Hopper) backward passes (dK/dV and dQ) against the float64 reference and the Triton passes."""
+"""The Gluon (Hopper) kernels (forward, dK/dV and dQ passes) against the float64 reference and the Triton kernels."""
 
 import pytest
 import torch
 
 from fox_kernel import forgetting_attention
-from fox_kernel.ops.gluon_attention import gluon_kernels, use_gluon_backward
+from fox_kernel.ops.gluon_attention import gluon_kernels, use_gluon
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 
@@ -32,6 +32,16 @@ def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
     return [cast(q, dtype), cast(k, dtype), cast(v, dtype), cast(lf, torch.float32)], do.to("cuda", dtype)
 
 
+def _reference(inputs, do):
+    """(output, gradients) of the PyTorch reference in float64 and in the inputs' own types."""
+    results = []
+    for cast in (lambda x: x.double(), lambda x: x.clone()):
+        leaves = [cast(x.detach()).requires_grad_() for x in inputs]
+        out = forgetting_attention_ref(*leaves)
+        results.append((out.detach(), *torch.autograd.grad(out, leaves, cast(do))))
+    return results
+
+
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("B, Tq, Tk, H, Hkv, speed", [
@@ -41,25 +51,26 @@ def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
     (2, 333, 1000, 4, 2, "fast"),    # queries shorter than keys, GQA
     (1, 5, 300, 4, 4, "fast"),       # a few queries: every query block cut by its end
 ])
-def test_gluon_backward_matches_reference_and_triton(monkeypatch, D, dtype, B, Tq, Tk, H, Hkv, speed):
+def test_gluon_matches_reference_and_triton(monkeypatch, D, dtype, B, Tq, Tk, H, Hkv, speed):
+    """Output and gradients of the Gluon kernels against float64 and the reference in the inputs' type,
+    and no further from float64 than the Triton kernels'."""
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed=Tq + H)
-    assert use_gluon_backward(inputs[0], None, None)
+    assert use_gluon(inputs[0], None, None)
     out = forgetting_attention(*inputs)
     grads = torch.autograd.grad(out, inputs, do)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
-    triton_grads = torch.autograd.grad(forgetting_attention(*inputs), inputs, do)
-    exact_in = [x.detach().double().requires_grad_() for x in inputs]
-    same_in = [x.detach().clone().requires_grad_() for x in inputs]
-    exact = torch.autograd.grad(forgetting_attention_ref(*exact_in), exact_in, do.double())
-    same = torch.autograd.grad(forgetting_attention_ref(*same_in), same_in, do)
-    for name, a, t, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), grads, triton_grads, exact, same):
+    triton_out = forgetting_attention(*inputs)
+    triton_grads = torch.autograd.grad(triton_out, inputs, do)
+    exact, same = _reference(inputs, do)
+    names = ("out", "dq", "dk", "dv", "dlog_fgate")
+    for name, a, t, e, s in zip(names, (out.detach(), *grads), (triton_out.detach(), *triton_grads), exact, same):
         assert_close_to_reference(a, e, s, name=name, factor=3.0)
         # and no further from float64 than the Triton pass, up to rounding
         err, err_triton = (a.double() - e).abs().max(), (t.double() - e).abs().max()
         assert err <= 1.5 * err_triton + 1e-3 * e.abs().max(), (name, err.item(), err_triton.item())
 
 
-def test_gluon_backward_reads_strided_and_head_first_inputs(monkeypatch):
+def test_gluon_reads_strided_and_head_first_inputs():
     """q/k/v as slices of one fused projection (rows wider than H*D) and in head-first layout (copied)."""
     B, T, H, D = 2, 300, 4, 64
     g = torch.Generator().manual_seed(0)
@@ -67,31 +78,37 @@ def test_gluon_backward_reads_strided_and_head_first_inputs(monkeypatch):
     q, k, v = (x.view(B, T, H, D).requires_grad_() for x in qkv.split(H * D, dim=-1))
     lf = random_log_fgate((B, T, H), speed="fast", generator=g).cuda().requires_grad_()
     do = torch.randn(B, T, H, D, generator=g).to("cuda", torch.bfloat16)
-    grads = torch.autograd.grad(forgetting_attention(q, k, v, lf), (q, k, v, lf), do)
     hf = [x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v, lf)]
-    grads_hf = torch.autograd.grad(forgetting_attention(*hf, head_first=True), hf, do.transpose(1, 2))
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
-    ref = torch.autograd.grad(forgetting_attention(q, k, v, lf), (q, k, v, lf), do)
-    for a, b, r in zip(grads, grads_hf, ref):
-        assert torch.equal(a, b.transpose(1, 2))
-        torch.testing.assert_close(a.float(), r.float(), rtol=2e-2, atol=2e-2)
+
+    def outputs(inputs, dout, **kw):
+        out = forgetting_attention(*inputs, **kw)
+        return (out.detach(), *torch.autograd.grad(out, inputs, dout))
+
+    got, got_hf = outputs((q, k, v, lf), do), outputs(hf, do.transpose(1, 2), head_first=True)
+    exact, same = _reference((q, k, v, lf), do)
+    for name, a, b, e, s in zip(("out", "dq", "dk", "dv", "dlog_fgate"), got, got_hf, exact, same):
+        assert torch.equal(a, b.transpose(1, 2)), name
+        assert_close_to_reference(a, e, s, name=name, factor=3.0)
 
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("Tq", [1500, 732])
-def test_gluon_backward_with_pruning(monkeypatch, D, Tq):
+def test_gluon_with_pruning(monkeypatch, D, Tq):
     """Pruned key/query block pairs are skipped: within the bound's tolerance of the exact gradients, a
     loose threshold really changes them, and the Triton passes (other tiles) agree to the same tolerance.
     Tq < Tk: the dQ pass's table of kept ranges has a column per key-length block, more than its grid.
     (Tk - Tq is a multiple of the tiles: with queries off the key tiles' grid, the nearest prunable key
     lies tens of fast-decaying steps back and pruning it changes nothing, at any threshold.)"""
     inputs, do = _inputs(1, Tq, 1500, 4, 2, D, torch.bfloat16, "fast", seed=5)
-    exact = torch.autograd.grad(forgetting_attention(*inputs), inputs, do)
-    pruned = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold="auto"), inputs, do)
-    loose = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold=-0.5), inputs, do)
+
+    def outputs(**kw):
+        out = forgetting_attention(*inputs, **kw)
+        return (out.detach(), *torch.autograd.grad(out, inputs, do))
+
+    exact, pruned, loose = outputs(), outputs(adaptive_threshold="auto"), outputs(adaptive_threshold=-0.5)
     monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
-    pruned_triton = torch.autograd.grad(forgetting_attention(*inputs, adaptive_threshold="auto"), inputs, do)
-    for name, e, p, t in zip(("dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
+    pruned_triton = outputs(adaptive_threshold="auto")
+    for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
         scale = max(e.float().abs().max().item(), 1.0)
         assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
         assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name

@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mbarrier as ampere_
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
@@ -224,11 +225,11 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
 
 
 # ---------------------------------------------------------------------------------------------------
-# The dQ pass: one program owns BLOCK_M queries of one head and walks the key blocks they see; the
-# loader streams K and V tiles (and each key block's column term of the bias) through the ring, two
-# consumer warpgroups own half of the query rows each. Same bias split as the Triton dQ pass: measured
-# from ``c`` at the query block's first position, keys through the float32 local sums of BLOCK_N-long
-# tiles plus one float64 offset per tile.
+# The dQ pass and the forward: one program owns BLOCK_M queries of one head and walks the key blocks
+# they see; the loader streams K and V tiles (and each key block's column term of the bias) through the
+# ring, two consumer warpgroups own half of the query rows each. Same bias split as the Triton passes:
+# measured from ``c`` at the query block's first position, keys through the float32 local sums of
+# BLOCK_N-long tiles plus one float64 offset per tile.
 
 
 @gluon.jit
@@ -245,7 +246,7 @@ def _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.cons
 
 
 @gluon.jit
-def _dq_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+def _kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
                        b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
     """Fills the ring: per key block, the K and V tiles (TMA) and log2(e) * (c_j - c_first) of its keys."""
@@ -389,8 +390,131 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_R
                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
                                      stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
                                      HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
-            (_dq_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+            (_kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
                                   b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, LOADER_REGS],
+    )
+
+
+@gluon.jit
+def _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, start_n, my_first, my_last,
+              sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr, a_layout: gl.constexpr):
+    """Key block ``start_n``, from ring slot ``i``: online softmax in log2 units, less each row's bias term
+    (a per-row constant, which the softmax does not see; the log-sum-exp gets it back at the end)."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    if start_n <= my_last:  # else every key of the block lies past these rows
+        k_t = k_s.index(s)
+        sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+        c_k2 = ck_s.index(s).load(col_layout)
+        sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
+        sc = sc * sm_scale2 - c_k2[None, :]
+        if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+            sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(k_s.dtype), a_layout), v_s.index(s), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        m_i = m_new
+    ampere_mbarrier.arrive(empty.index(s))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, q_all, k_s, v_s, ck_s, ready, empty, q_bar,
+                           b, h, pid_bh, pid_m, first, t_q, t_k, stride_ob, stride_ot, stride_oh,
+                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                           HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    offs_m = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=row_layout)
+    pos_m = offs_m + (t_k - t_q)
+    my_first = first + ROW0
+    my_last = my_first + ROWS - 1
+    q_s = q_all.slice(ROW0, ROWS)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, row_layout)
+    lo, hi = _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    mbarrier.wait(q_bar, 0)
+    for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+        acc, m_i, l_i = _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m,
+                                  lo + i * BLOCK_N, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout,
+                                  o_layout, a_layout)
+    mask_m = offs_m < t_q
+    c_ptr = C + b * stride_cb + h * stride_ch
+    row_term = (gl.load(c_ptr + pos_m, mask=mask_m, other=0.0) - gl.load(c_ptr + first)).to(gl.float32)
+    lse = (m_i + gl.log2(l_i)) * LN2 + row_term
+    gl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=mask_m)
+    rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    o_ptrs = (OUT + b.to(gl.int64) * stride_ob + h * stride_oh + rows.to(gl.int64)[:, None] * stride_ot
+              + cols[None, :])
+    gl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(rows < t_q)[:, None])
+
+
+@gluon.jit
+def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
+                     stride_ob, stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh,
+                     H, Tq, Tk, sm_scale2,
+                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     LOADER_REGS: gl.constexpr):
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest blocks (the last: most keys) first
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    first = pid_m * BLOCK_M + Tk - Tq
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    ck_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2)  # released by both consumer warpgroups
+    mbarrier.init(q_bar, count=1)
+
+    mbarrier.expect(q_bar, BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
+    tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_D], q_bar, q_s)
+
+    ROWS: gl.constexpr = BLOCK_M // 2
+    gl.warp_specialize(
+        [
+            (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, q_s, k_s, v_s, ck_s, ready, empty, q_bar,
+                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_ob, stride_ot, stride_oh,
+                                      stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                      HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
+            (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, q_s, k_s, v_s, ck_s, ready, empty, q_bar,
+                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_ob, stride_ot, stride_oh,
+                                      stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                      HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
+            (_kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
+                                  stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
+                                  BLOCK_N, STAGES, HAS_THRESH)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],

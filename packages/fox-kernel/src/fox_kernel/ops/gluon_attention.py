@@ -1,9 +1,9 @@
-"""Host side of the Gluon (Hopper) backward passes, dK/dV and dQ, see ``_gluon_kernels``.
+"""Host side of the Gluon (Hopper) kernels: the forward and the two backward passes (dK/dV, dQ), see
+``_gluon_kernels``.
 
-The backward uses them in place of the Triton passes where they apply (``use_gluon_backward``): an sm90
-GPU, bfloat16 or float16, head dim 64 or 128, fixed-length batches without ``seq_start`` (with or
-without pruning), and a Triton build with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the
-Triton passes.
+They replace the Triton kernels where they apply (``use_gluon``): an sm90 GPU, bfloat16 or float16, head
+dim 64 or 128, fixed-length batches without ``seq_start`` (with or without pruning), and a Triton build
+with Gluon. Everything else, and ``FOX_KERNEL_GLUON=0``, keeps the Triton kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +23,13 @@ GLUON_TILES = {64: (64, 128, 2, 240, 24), 128: (64, 128, 2, 240, 24)}
 # benchmarks/gluon-dq-h200-s12.json): 128-key tiles beat 64 by 15-20% at both head dims although D=128
 # spills ~100 bytes with them; a third stage and launching heads first were within 2% either way.
 GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
+# The forward: as the dQ pass (64-key tiles or a third stage were 2-20% slower, session 12). It runs an
+# online softmax; the Triton forward's fixed softmax bound makes that one faster on long sequences at
+# D=64, so there the Gluon forward only takes keys up to GLUON_FWD_MAX_KEYS[D]. Measured on an H200
+# (benchmarks/gluon-fwd-h200-s12.json, forward TFLOP/s, Gluon / Triton): D=64 T=4k 307 / 285, 8k GQA
+# 348 / 382, 16k 380 / 390; D=128 4k 429 / 358, 16k 518 / 487.
+GLUON_FWD_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
+GLUON_FWD_MAX_KEYS = {64: 4096, 128: None}
 
 
 @functools.cache
@@ -46,7 +53,7 @@ def _rows_view(x: torch.Tensor):
     return B * T, x.stride(1)
 
 
-def use_gluon_backward(q, seq_start, cu_seqlens) -> bool:
+def use_gluon(q, seq_start, cu_seqlens) -> bool:
     env = os.environ.get("FOX_KERNEL_GLUON", "1")
     if env not in ("0", "1"):
         raise ValueError(f"FOX_KERNEL_GLUON must be 0 or 1, got {env!r}")
@@ -59,6 +66,13 @@ def use_gluon_backward(q, seq_start, cu_seqlens) -> bool:
     if seq_start is not None or cu_seqlens is not None:
         return False
     return gluon_kernels() is not None
+
+
+def use_gluon_forward(q, k, seq_start, cu_seqlens) -> bool:
+    if not use_gluon(q, seq_start, cu_seqlens):
+        return False
+    limit = GLUON_FWD_MAX_KEYS[q.shape[-1]]
+    return limit is None or k.shape[1] <= limit
 
 
 def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None):
@@ -105,6 +119,26 @@ def gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     )
 
 
+def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None):
+    """Output and log-sum-exp (written into ``out``, ``lse``). ``cl``: the local sums of ``c`` over key
+    tiles of ``gluon_blocks(D, "fwd")["BLOCK_N"]`` rows; ``ranges``: with pruning, the first kept key of
+    each (row, head, query block)."""
+    from fox_kernel.ops.triton_attention import LOG2E
+
+    gk = gluon_kernels()
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    block_m, block_n, stages, regs, loader_regs = GLUON_FWD_TILES[D]
+    grid = (triton.cdiv(Tq, block_m), B * H)
+    gk.gluon_fwd_kernel[grid](
+        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
+        0 if ranges is None else ranges.shape[1], out.stride(0), out.stride(1), out.stride(2),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
+    )
+
+
 def _descriptor(x, rows):
     """TMA descriptor of a (B, T, H, D) tensor read as (B*T, H*D) in (rows, D) tiles (a copy where its
     strides do not allow that view)."""
@@ -123,6 +157,6 @@ def _descriptor(x, rows):
 
 
 def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
-    """The query and key tile heights of a pass ("dkdv" or "dq") at this head dim."""
-    tiles = (GLUON_TILES if kind == "dkdv" else GLUON_DQ_TILES)[head_dim]
+    """The query and key tile heights of a pass ("fwd", "dkdv" or "dq") at this head dim."""
+    tiles = {"fwd": GLUON_FWD_TILES, "dkdv": GLUON_TILES, "dq": GLUON_DQ_TILES}[kind][head_dim]
     return dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1])

@@ -41,7 +41,14 @@ import triton
 import triton.language as tl
 
 from fox_kernel.ops.gates import gate_grad_from_dc, prefix_sums
-from fox_kernel.ops.gluon_attention import gluon_blocks, gluon_dkdv, gluon_dq, use_gluon_backward
+from fox_kernel.ops.gluon_attention import (
+    gluon_blocks,
+    gluon_dkdv,
+    gluon_dq,
+    gluon_forward,
+    use_gluon,
+    use_gluon_forward,
+)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -908,8 +915,10 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     c = prefix_sums(log_fgate, seq_start)
-    fixed = fixed_bound_softmax(q.dtype)
     auto = auto_log_eps is not None
+    if use_gluon_forward(q, k, seq_start, cu_seqlens):
+        return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps)
+    fixed = fixed_bound_softmax(q.dtype)
     kmax2 = key_sq_norms(k, cu_seqlens) if fixed or auto else None
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
@@ -934,6 +943,22 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     kernel = _kernel(_fwd_kernel, Tq, Tk)
     for mode in ((1, 2) if fixed else (0,)):
         kernel[grid](*args, MODE=mode, **flags)
+    return out, lse, threshold
+
+
+def _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps):
+    """The Gluon forward (online softmax, no fixed bound). With "auto" pruning it takes the per-head
+    bound (one read of q and k) rather than the Triton forward's per-tile one, and prunes through the
+    table of kept key ranges, as the dQ pass does."""
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
+    if auto_log_eps is not None:
+        threshold = auto_threshold(q, k, sm_scale, Tk, auto_log_eps)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    blocks = gluon_blocks(D, "fwd")
+    ranges = _kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True)
+    gluon_forward(q, k, v, c, local_sums(c, None, B, Tk, blocks["BLOCK_N"]), out, lse, sm_scale, ranges)
     return out, lse, threshold
 
 
@@ -1003,7 +1028,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                                        [1, 1, cfg["BLOCK_D"], cfg["BLOCK_M"]])
     else:
         dq_acc = dq_desc = dc_row  # not touched
-    gluon = not fused and use_gluon_backward(q, seq_start, cu_seqlens)
+    gluon = not fused and use_gluon(q, seq_start, cu_seqlens)
     if gluon:
         # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
         blocks = gluon_blocks(D)
