@@ -346,24 +346,21 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
 
 
 @gluon.jit
-def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols,
-                    stride_dqb, stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh,
-                    H, Tq, Tk, sm_scale, sm_scale2,
-                    GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                    LOADER_REGS: gl.constexpr):
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest blocks (the last: most keys) first
+def _query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr):
+    """(query block, row*head, row, head, key/value head, key position of the block's first query) of
+    this program; the heaviest blocks (the last: they see the most keys) are launched first."""
+    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     pid_bh = gl.program_id(1)
-    b = pid_bh // H
     h = pid_bh % H
-    hk = h // GROUP
-    first = pid_m * BLOCK_M + Tk - Tq
+    return pid_m, pid_bh, pid_bh // H, h, h // GROUP, pid_m * BLOCK_M + Tk - Tq
 
-    dtype: gl.constexpr = q_desc.dtype
-    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-    do_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
-    k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-    v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+
+@gluon.jit
+def _kv_ring(k_desc, v_desc, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """Shared memory of the key/value ring (K and V tiles, the key bias terms, ready and empty barriers,
+    initialised) and a barrier for the program's own query-side tiles."""
+    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
     vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     ck_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_smem)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -373,6 +370,21 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_R
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # released by both consumer warpgroups
     mbarrier.init(q_bar, count=1)
+    return k_s, v_s, ck_s, ready, empty, q_bar
+
+
+@gluon.jit
+def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols,
+                    stride_dqb, stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh,
+                    H, Tq, Tk, sm_scale, sm_scale2,
+                    GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                    LOADER_REGS: gl.constexpr):
+    pid_m, pid_bh, b, h, hk, first = _query_program(H, Tq, Tk, GROUP, BLOCK_M)
+    dtype: gl.constexpr = q_desc.dtype
+    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
+    k_s, v_s, ck_s, ready, empty, q_bar = _kv_ring(k_desc, v_desc, BLOCK_N, HEAD_D, STAGES)
 
     q_row = b * Tq + pid_m * BLOCK_M
     mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
@@ -477,26 +489,10 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      LOADER_REGS: gl.constexpr):
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest blocks (the last: most keys) first
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // GROUP
-    first = pid_m * BLOCK_M + Tk - Tq
-
+    pid_m, pid_bh, b, h, hk, first = _query_program(H, Tq, Tk, GROUP, BLOCK_M)
     dtype: gl.constexpr = q_desc.dtype
     q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
-    k_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
-    v_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
-    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    ck_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_smem)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=2)  # released by both consumer warpgroups
-    mbarrier.init(q_bar, count=1)
+    k_s, v_s, ck_s, ready, empty, q_bar = _kv_ring(k_desc, v_desc, BLOCK_N, HEAD_D, STAGES)
 
     mbarrier.expect(q_bar, BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
     tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_D], q_bar, q_s)
