@@ -1,4 +1,5 @@
-"""Gluon kernels for Hopper (sm90): the two passes of the backward (dK/dV, then dQ), warp-specialised.
+"""Gluon kernels for Hopper (sm90), warp-specialised: the forward and the two passes of the backward
+(dK/dV, then dQ).
 
 Imported only through ``gluon_attention`` (Gluon is experimental and not in every Triton build).
 
@@ -27,6 +28,12 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 LOG2E = gl.constexpr(1.4426950408889634)
 LN2 = gl.constexpr(0.6931471805599453)
+
+
+@gluon.constexpr_function
+def _wgmma_layout(n):
+    """Register layout of a one-warpgroup wgmma accumulator with ``n`` columns."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
 @gluon.jit
@@ -127,10 +134,8 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_D, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    kv_layout: gl.constexpr = _wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
@@ -233,7 +238,7 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
 
 
 @gluon.jit
-def _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   HAS_THRESH: gl.constexpr):
     """Key blocks seen by the query block whose first row sits at key position ``first``: [lo, hi); with
     pruning, those before lo are seen through a negligible decay (see triton_attention._kept_range_kernel)."""
@@ -255,7 +260,7 @@ def _kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANG
     c_ptr = C + b * stride_cb + h * stride_ch
     cl_ptr = CL + b * stride_cb + h * stride_ch
     anchor = gl.load(c_ptr + first)
-    lo, hi = _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    lo, hi = _kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
     for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
         start_n = lo + i * BLOCK_N
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=vec_layout)
@@ -272,6 +277,22 @@ def _kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANG
 
 
 @gluon.jit
+def _biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.constexpr,
+                   s_layout: gl.constexpr, PENDING: gl.constexpr):
+    """The scores of key block ``start_n`` (ring slot ``s``) in log2 units less the rows' bias term: waits
+    for the asynchronous ``sc = Q K^T`` (leaving the PENDING wgmma issued after it in flight), scales it,
+    takes off the keys' bias term and, on the diagonal, masks the keys past each row."""
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    c_k2 = ck_s.index(s).load(col_layout)
+    sc = warpgroup_mma_wait(num_outstanding=PENDING, deps=[sc])
+    sc = sc * sm_scale2 - c_k2[None, :]
+    if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
+    return sc
+
+
+@gluon.jit
 def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m, start_n,
              my_first, my_last, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              s_layout: gl.constexpr, a_layout: gl.constexpr):
@@ -283,13 +304,7 @@ def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2,
         v_t = v_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_s, v_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-        c_k2 = ck_s.index(s).load(col_layout)
-        sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])
-        sc = sc * sm_scale2 - c_k2[None, :]
-        if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
-            offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
-            sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
+        sc = _biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N, s_layout, 1)
         p = gl.exp2(sc - lse2[:, None])
         dp = warpgroup_mma_wait(num_outstanding=0, deps=[dp])
         ds = p * (dp - delta[:, None])
@@ -307,10 +322,8 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_D, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    dq_layout: gl.constexpr = _wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
@@ -332,7 +345,7 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
     zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     dq = gl.zeros([ROWS, HEAD_D], gl.float32, dq_layout)
     dc_row = gl.zeros([ROWS], gl.float32, row_layout)
-    lo, hi = _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    lo, hi = _kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
     mbarrier.wait(q_bar, 0)
     for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
         dq, dc_row = _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m,
@@ -421,13 +434,7 @@ def _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, 
     if start_n <= my_last:  # else every key of the block lies past these rows
         k_t = k_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-        col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-        c_k2 = ck_s.index(s).load(col_layout)
-        sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
-        sc = sc * sm_scale2 - c_k2[None, :]
-        if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
-            offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
-            sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
+        sc = _biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N, s_layout, 0)
         m_new = gl.maximum(m_i, gl.max(sc, axis=1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(sc - m_new[:, None])
@@ -447,10 +454,8 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, q_all, k_s, v_s, ck_s
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                            HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_D, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
 
@@ -463,7 +468,7 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, q_all, k_s, v_s, ck_s
     acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([ROWS], gl.float32, row_layout)
-    lo, hi = _dq_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    lo, hi = _kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
     mbarrier.wait(q_bar, 0)
     for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
         acc, m_i, l_i = _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m,
