@@ -915,10 +915,10 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     c = prefix_sums(log_fgate, seq_start)
-    auto = auto_log_eps is not None
     if use_gluon_forward(q, k, seq_start, cu_seqlens):
         return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps)
     fixed = fixed_bound_softmax(q.dtype)
+    auto = auto_log_eps is not None
     kmax2 = key_sq_norms(k, cu_seqlens) if fixed or auto else None
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
