@@ -111,9 +111,11 @@ def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_p
     batch (float32: equal to rounding), its exported model holds the full weights of its last checkpoint
     (a gathered state dict: the parameters are sharded), and its checkpoint resumes in one process,
     continuing the curve. SHARD_GRAD_OP keeps the parameters gathered after the final evaluation's
-    forward unless resharded, which made the last checkpoint fail."""
+    forward unless resharded, which made the last checkpoint fail. One sequence per micro-batch: each
+    process accumulates two micro-batches a step, between which SHARD_GRAD_OP keeps its parameters
+    gathered (stale gathered parameters after an optimizer step would leave the curve)."""
     args = [f"out_dir={tmp_path}", "model=fox-pro-tiny", "strategy.accelerator=cpu", "schedule.total_tokens=1536",
-            "checkpoint_every=3", "eval_every=1000", "log_every=1", *SMALL[:4], "micro_batch_size=2", *SMALL[5:]]
+            "checkpoint_every=3", "eval_every=1000", "log_every=1", *SMALL[:4], "micro_batch_size=1", *SMALL[5:]]
     main([*args, "run_name=one", "export=false"])
     one = {r["step"]: r["loss"] for r in _records(tmp_path / "one") if "loss" in r}
     run = subprocess.run([sys.executable, "-m", "fox_train.cli", *args, "run_name=two", "strategy=fsdp2",

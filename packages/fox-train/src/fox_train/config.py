@@ -105,7 +105,8 @@ class StrategyConfig:
     gathered again in the backward), SHARD_GRAD_OP (keeps gathered parameters from forward to backward:
     fewer all-gathers, more memory; suits small models), HYBRID_SHARD (full sharding within a node,
     replication across nodes) or NO_SHARD. FSDP2 takes FULL_SHARD or SHARD_GRAD_OP (its
-    ``reshard_after_forward`` true or false)."""
+    ``reshard_after_forward`` true or false); with SHARD_GRAD_OP it also keeps the parameters gathered
+    across a step's micro-batches (one all-gather per step)."""
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -212,6 +213,22 @@ def _step_begin(graphs: bool) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
+@contextmanager
+def _micro_batch(fabric: L.Fabric, model, strategy, last: bool):
+    """One micro-batch's forward and backward: gradients are reduced only in the step's last one. FSDP2
+    with SHARD_GRAD_OP also keeps the parameters gathered from the step's first forward to its last
+    backward (one all-gather per block and step instead of one per micro-batch); they are resharded after
+    the last backward, before clipping and the optimizer step read the sharded parameters."""
+    if strategy.name == "fsdp2" and strategy.fsdp_sharding == "SHARD_GRAD_OP":
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_reshard_after_backward(last, recurse=False)
+    with fabric.no_backward_sync(model, enabled=not last):
+        yield
+
+
 def _keep_grad_storage(model) -> None:
     """Give every trainable parameter a zero gradient that stays (zero_grad(set_to_none=False) after it).
 
@@ -354,7 +371,7 @@ def train(cfg: TrainConfig) -> Path:
         for a in range(sampler.accum_steps):
             inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
             _step_begin(graphs)
-            with fabric.no_backward_sync(model, enabled=a < sampler.accum_steps - 1):
+            with _micro_batch(fabric, model, cfg.strategy, last=a == sampler.accum_steps - 1):
                 loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss
                 fabric.backward(loss.mean() / sampler.accum_steps)
             step_loss += loss.detach().float().mean() / sampler.accum_steps
