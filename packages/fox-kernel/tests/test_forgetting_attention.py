@@ -429,3 +429,36 @@ def test_local_prefix_sums(device_dtype, varlen):
                 want[..., bos + p] = (c[..., bos + p] - c[..., bos + a]) * 1.4426950408889634
         torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
         assert got.abs().max() > 0.5  # gates are fast: the sums within a tile are far from zero
+
+
+@pytest.mark.parametrize("T,Tq,padded", [(83, 83, False), (1500, 1500, True), (70, 29, False), (1, 1, False)])
+def test_gate_prefix_and_suffix_sum_kernels(device_dtype, T, Tq, padded):
+    """The one-launch float64 prefix sums of the gates and the gate gradient (suffix sums of dc plus the
+    row term on the last Tq keys, zero on left padding, as (B, T, H)) against float64 torch built from
+    first principles, on random data, odd lengths, several chunks (T=1500) and a padded batch."""
+    device, _ = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("the Triton kernels run on CUDA or in the interpreter")
+    from fox_kernel.ops.triton_attention import triton_gate_grad, triton_prefix_sums
+
+    g = torch.Generator().manual_seed(11)
+    B, H = 2, 3
+    lf = random_log_fgate((B, T, H), speed="fast", generator=g).to(device)
+    seq_start = torch.tensor([0, min(5, T - 1)], device=device) if padded else None
+    keep = torch.ones(B, T, dtype=torch.float64)
+    if padded:
+        keep[1, : int(seq_start[1])] = 0
+    want_c = torch.cumsum(lf.double().cpu() * keep[..., None], dim=1).transpose(1, 2)
+    c = triton_prefix_sums(lf, seq_start)
+    assert c.dtype == torch.float64 and c.shape == (B, H, T)
+    torch.testing.assert_close(c.cpu(), want_c, rtol=1e-12, atol=1e-9)
+
+    dc = torch.randn(B, H, T, generator=g).to(device)
+    dc_row = torch.randn(B, H, Tq, generator=g).to(device)
+    total = dc.double().cpu().clone()
+    total[..., T - Tq :] += dc_row.double().cpu()
+    want = torch.flip(torch.cumsum(torch.flip(total, [-1]), -1), [-1]).transpose(1, 2) * keep[..., None]
+    got = triton_gate_grad(dc, dc_row, seq_start)
+    assert got.dtype == torch.float32 and got.shape == (B, T, H) and got.is_contiguous()
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
+    assert want.abs().max() > 1.0

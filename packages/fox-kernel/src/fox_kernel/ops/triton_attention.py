@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_kernel.ops.gates import gate_grad_from_dc, prefix_sums
+from fox_kernel.ops.gates import gate_grad_from_dc
 from fox_kernel.ops.gluon_attention import (
     gluon_blocks,
     gluon_dkdv,
@@ -73,6 +73,84 @@ def _bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl
     else:
         s0 = 0
     return row, bos, t_q, t_k, s0
+
+
+@triton.jit
+def _prefix_sums_kernel(LF, SEQ_START, C, stride_lb, stride_lt, stride_lh, H, T, HAS_SEQ_START: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """c (B, H, T) float64 = cumsum of log f (B, T, H) over T, zero before ``seq_start``: one program per
+    (row, head) scans T in BLOCK-long chunks, carrying the float64 running sum."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    src = LF + b.to(tl.int64) * stride_lb + h * stride_lh
+    dst = C + pid.to(tl.int64) * T
+    if HAS_SEQ_START:
+        s0 = tl.load(SEQ_START + b).to(tl.int32)
+    else:
+        s0 = 0
+    running = tl.zeros([], dtype=tl.float64)
+    for start in range(0, T, BLOCK):
+        t = start + tl.arange(0, BLOCK)
+        x = tl.load(src + t.to(tl.int64) * stride_lt, mask=(t < T) & (t >= s0), other=0.0).to(tl.float64)
+        tl.store(dst + t, tl.cumsum(x, 0) + running, mask=t < T)
+        running += tl.sum(x, 0)
+
+
+@triton.jit
+def _gate_grad_kernel(DC, DC_ROW, SEQ_START, OUT, stride_ob, stride_ot, stride_oh, H, Tq, Tk,
+                      HAS_SEQ_START: tl.constexpr, BLOCK: tl.constexpr):
+    """d log f (B, Tk, H) float32 = the suffix sums over keys of dc (B, H, Tk) plus the row term dc_row
+    (B, H, Tq, on the last Tq keys), in float64, zero before ``seq_start``: one program per (row, head)
+    scans from the end in BLOCK-long chunks."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    dc = DC + pid.to(tl.int64) * Tk
+    dc_row = DC_ROW + pid.to(tl.int64) * Tq
+    dst = OUT + b.to(tl.int64) * stride_ob + h * stride_oh
+    if HAS_SEQ_START:
+        s0 = tl.load(SEQ_START + b).to(tl.int32)
+    else:
+        s0 = 0
+    shift = Tk - Tq
+    n_chunks = tl.cdiv(Tk, BLOCK)
+    running = tl.zeros([], dtype=tl.float64)
+    for i in range(0, n_chunks):
+        t = (n_chunks - 1 - i) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(dc + t, mask=t < Tk, other=0.0).to(tl.float64)
+        x += tl.load(dc_row + (t - shift), mask=(t < Tk) & (t >= shift), other=0.0).to(tl.float64)
+        suffix = tl.cumsum(x, 0, reverse=True) + running
+        suffix = tl.where(t >= s0, suffix, 0.0)
+        tl.store(dst + t.to(tl.int64) * stride_ot, suffix.to(tl.float32), mask=t < Tk)
+        running += tl.sum(x, 0)
+
+
+def triton_prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
+    """``gates.prefix_sums`` in one launch (the float64 cast and torch's cumsum were two, and the cumsum
+    over a few long rows ran ~40 us at T=16k, H=12 on an H200)."""
+    B, T, H = log_fgate.shape
+    c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
+    if B * H and T:
+        _prefix_sums_kernel[(B * H,)](log_fgate, seq_start, c, *_strides3(log_fgate), H, T,
+                                      HAS_SEQ_START=seq_start is not None, BLOCK=_gate_block(T), num_warps=4)
+    return c
+
+
+def triton_gate_grad(dc: torch.Tensor, dc_row: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
+    """``gates.gate_grad_from_dc(dc + dc_row on the last Tq keys)`` for fixed-length batches in one launch,
+    written as a contiguous (B, Tk, H) tensor (it took seven: add, casts, flips, cumsum, copy)."""
+    B, H, Tk = dc.shape
+    Tq = dc_row.shape[-1]
+    out = torch.empty(B, Tk, H, dtype=torch.float32, device=dc.device)
+    if B * H and Tk:
+        _gate_grad_kernel[(B * H,)](dc, dc_row, seq_start, out, *_strides3(out), H, Tq, Tk,
+                                    HAS_SEQ_START=seq_start is not None, BLOCK=_gate_block(Tk), num_warps=4)
+    return out
+
+
+def _gate_block(T: int) -> int:
+    return 16 if interpreting() else min(2048, max(16, triton.next_power_of_2(T)))
 
 
 @triton.jit
@@ -914,7 +992,7 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     "auto" bound for the backward; otherwise ``threshold`` is returned as given."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    c = prefix_sums(log_fgate, seq_start)
+    c = triton_prefix_sums(log_fgate, seq_start)
     if use_gluon_forward(q, k, seq_start, cu_seqlens):
         return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps)
     fixed = fixed_bound_softmax(q.dtype)
@@ -997,7 +1075,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     Tk, Hkv = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
         do = do.contiguous()
-    c = prefix_sums(log_fgate, seq_start)
+    c = triton_prefix_sums(log_fgate, seq_start)
     delta = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     block_d = max(16, triton.next_power_of_2(D))
     _delta_kernel[(triton.cdiv(Tq, 64), B * H)](
@@ -1006,7 +1084,10 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    dc = torch.zeros(B, H, Tk, dtype=torch.float32, device=q.device)
+    fused = fused_backward()
+    gluon = not fused and use_gluon(q, seq_start, cu_seqlens)
+    # the column term of dc: the Gluon dK/dV pass writes every key's, the Triton passes may skip some
+    dc = (torch.empty if gluon else torch.zeros)(B, H, Tk, dtype=torch.float32, device=q.device)
     n_rows, t_max = _grid_rows(cu_seqlens, B, Tk)
     flags = dict(
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
@@ -1014,7 +1095,6 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     )
     use_tma = cu_seqlens is None and _use_tma(q, k, v, do)
     flags.update(USE_TMA=use_tma, SCAN=_scan())
-    fused = fused_backward()
     cfg = _config("fused" if fused else "dkdv", D, q.dtype, q.device)
     # the row term of dc: summed into with atomics (one pass), or written once per row by the dQ pass
     dc_row = (torch.zeros if fused else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
@@ -1028,7 +1108,6 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                                        [1, 1, cfg["BLOCK_D"], cfg["BLOCK_M"]])
     else:
         dq_acc = dq_desc = dc_row  # not touched
-    gluon = not fused and use_gluon(q, seq_start, cu_seqlens)
     if gluon:
         # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
         blocks = gluon_blocks(D)
@@ -1050,9 +1129,10 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                  n_rows, t_max, sm_scale)
     # The row term of dc (d score_ij / d c_i = 1) vanishes in exact arithmetic but cancels the rounding
     # of delta (computed from the stored, rounded output); without it that error piles up in the suffix sums.
+    if cu_seqlens is None:
+        return dq, dk, dv, triton_gate_grad(dc, dc_row, seq_start)
     dc[..., Tk - Tq :] += dc_row
-    dlog_fgate = gate_grad_from_dc(dc, seq_start, cu_seqlens)
-    return dq, dk, dv, dlog_fgate
+    return dq, dk, dv, gate_grad_from_dc(dc, seq_start, cu_seqlens)
 
 
 def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
