@@ -29,14 +29,17 @@ from fox_models.presets import get_preset
 from fox_train.metrics import flops_per_token, peak_flops
 from fox_train.train import CUDA_GRAPH_MODES
 
-# (name, preset family, config overrides, recompute_projections)
+# (name, preset family, config overrides, recompute_projections, activation memory budget of the compiled
+# blocks or None)
 MODELS = [
-    ("FoX (Pro)", "fox-pro", {}, False),
-    ("FoX (Pro) + pruning", "fox-pro", {"log_pruning_tolerance": -10.0}, False),
-    ("FoX (Pro) + recompute", "fox-pro", {}, True),
-    ("FoX (LLaMA)", "fox-llama", {}, False),
-    ("Transformer (Pro)", "transformer-pro", {}, False),
-    ("Transformer (LLaMA, SDPA)", "transformer-llama", {}, False),
+    ("FoX (Pro)", "fox-pro", {}, False, None),
+    ("FoX (Pro) + pruning", "fox-pro", {"log_pruning_tolerance": -10.0}, False, None),
+    ("FoX (Pro) + recompute", "fox-pro", {}, True, None),
+    ("FoX (Pro) + memory budget 0.8", "fox-pro", {}, False, 0.8),
+    ("FoX (LLaMA)", "fox-llama", {}, False, None),
+    ("Transformer (Pro)", "transformer-pro", {}, False, None),
+    ("Transformer (LLaMA, SDPA)", "transformer-llama", {}, False, None),
+    ("Transformer (LLaMA, SDPA) + memory budget 0.8", "transformer-llama", {}, False, 0.8),
 ]
 
 
@@ -62,8 +65,20 @@ def kernel_profile(step, top, trace=None):
     return dict(gpu_ms=sum(times.values()), wall_ms=wall * 1e3, kernels=[dict(name=n, ms=t) for n, t in ranked[:top]])
 
 
+def set_memory_budget(budget):
+    """Inductor's activation memory budget for the blocks compiled next (None: torch's default, 1.0); a
+    change drops dynamo's caches, which would otherwise reuse blocks partitioned under the old budget."""
+    import torch._functorch.config as functorch_config
+
+    budget = 1.0 if budget is None else budget
+    if functorch_config.activation_memory_budget != budget:
+        functorch_config.activation_memory_budget = budget
+        torch._dynamo.reset()
+
+
 def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compile_blocks,
-            profile_top=0, trace=None, compile_mode=None):
+            profile_top=0, trace=None, compile_mode=None, memory_budget=None):
+    set_memory_budget(memory_budget if compile_blocks else None)
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
@@ -117,7 +132,7 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
                mfu=tps * flops_per_token(config, seq_len, n_params) / peak if peak else None,
                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params,
                gc_collections=len(pauses), gc_ms=sum(ms for _, ms in pauses),
-               gc_longest=max(pauses, key=lambda x: x[1], default=None))
+               gc_longest=max(pauses, key=lambda x: x[1], default=None), activation_memory_budget=memory_budget)
     if profile_top:
         path = None
         if trace:
@@ -151,14 +166,15 @@ def main():
         ap.error("--trace DIR writes the trace of the profiled step: add --profile N")
     rows = []
     for size in args.sizes:
-        for name, family, extra, recompute in MODELS:
+        for name, family, extra, recompute, budget in MODELS:
             if args.models and not any(m in name for m in args.models):
                 continue
             try:
                 if args.unfused_loss:
                     extra = {**extra, "fuse_cross_entropy": False}
                 row = measure(name, family, size, extra, recompute, args.seq_len, args.steps, args.warmup,
-                              args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode)
+                              args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode,
+                              budget)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
                 torch.cuda.empty_cache()
@@ -173,18 +189,18 @@ def main():
                compile=args.compile, compile_mode=args.compile_mode, checkpointing=args.checkpointing,
                fused_loss=not args.unfused_loss)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
-    print(f"{'model':28s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
+    print(f"{'model':46s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
     for size in args.sizes:
         base = next((r["tokens_per_s"] for r in rows if r["size"] == size and r["model"].startswith("Transformer (LLaMA") and "tokens_per_s" in r), None)
         for r in rows:
             if r["size"] != size:
                 continue
             if "error" in r:
-                print(f"{r['model']:28s} {size:5s} {r['error']}")
+                print(f"{r['model']:46s} {size:5s} {r['error']}")
                 continue
             ratio = r["tokens_per_s"] / base if base else float("nan")
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-            print(f"{r['model']:28s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
+            print(f"{r['model']:46s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
     with open(args.out, "w") as f:
         json.dump(dict(env=env, rows=rows), f, indent=1)
 

@@ -151,6 +151,57 @@ def test_compile_mode_is_checked(tmp_path):
         main(["compile=true", "compile_mode=reduce-overhead", "strategy=fsdp2", *base])
 
 
+def test_activation_memory_budget_is_checked(tmp_path):
+    base = [f"out_dir={tmp_path}", *SMALL]
+    with pytest.raises(SystemExit, match="activation_memory_budget needs compile=true"):
+        main(["activation_memory_budget=0.8", *base])
+    with pytest.raises(SystemExit, match=r"activation_memory_budget must be in \(0, 1\], got 1.5"):
+        main(["compile=true", "activation_memory_budget=1.5", *base])
+
+
+def test_activation_memory_budget_keeps_less_for_the_backward_and_the_same_gradients():
+    """A compiled FoX (Pro) block under a memory budget saves fewer bytes for its backward (it recomputes
+    norms, gates and the token shift) and gives the same output and gradients as without one."""
+    import torch._functorch.config as functorch_config
+
+    from fox_models.presets import get_preset
+    from fox_train.train import compile_blocks
+
+    def run(budget):
+        torch._dynamo.reset()  # a compiled block is partitioned once: drop the previous budget's
+        functorch_config.activation_memory_budget = 1.0
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(get_preset("fox-pro-125m", hidden_size=64, num_hidden_layers=1,
+                                                            num_heads=2))
+        compile_blocks(model, None, budget)
+        x = torch.randn(1, 96, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        saved = {}
+
+        def pack(t):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = model.model.layers[0](x)
+        y.square().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return sum(saved.values()), y.detach(), x.grad.clone(), grads
+
+    try:
+        full, y1, gx1, g1 = run(None)
+        part, y2, gx2, g2 = run(0.5)
+    finally:
+        functorch_config.activation_memory_budget = 1.0
+        torch._dynamo.reset()
+    assert part < 0.8 * full, (part, full)
+    torch.testing.assert_close(y2, y1)
+    torch.testing.assert_close(gx2, gx1, rtol=1e-5, atol=1e-6)
+    assert len(g1) == len(g2) > 10
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert gx1.abs().max() > 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_graph_blocks_follow_the_plain_compiled_run(tmp_path):

@@ -143,6 +143,11 @@ class TrainConfig:
     "max-autotune" (both run the blocks as CUDA graphs, which takes the host's kernel launches off the
     step: it matters when the GPU work is small, as with pruning), "max-autotune-no-cudagraphs".
     CUDA graphs are supported with the single and ddp strategies."""
+    activation_memory_budget: float | None = None
+    """With ``compile``: the fraction (0, 1] of the activations a compiled block may keep for its backward;
+    below 1, inductor's partitioner recomputes the cheapest ops (norms, gates, token shift) instead of
+    saving their outputs (torch._functorch.config.activation_memory_budget). 0.8 put the 125M FoX (Pro)
+    under the Transformer's peak memory at 1% of its speed (docs/performance.md). None: torch's default."""
     gradient_checkpointing: bool = False
     recompute_projections: bool = False
     """Selective recomputation in FoX attention layers: keep only each layer's input and the attention's

@@ -199,11 +199,28 @@ def _check_compile(cfg: TrainConfig) -> bool:
         raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {cfg.compile_mode!r}")
     if cfg.compile_mode is not None and not cfg.compile:
         raise ValueError(f"compile_mode={cfg.compile_mode!r} needs compile=true")
+    budget = cfg.activation_memory_budget
+    if budget is not None:
+        if not cfg.compile:
+            raise ValueError("activation_memory_budget needs compile=true (the compiled blocks' partitioner applies it)")
+        if not 0 < budget <= 1:
+            raise ValueError(f"activation_memory_budget must be in (0, 1], got {budget!r}")
     graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES
     if graphs and cfg.strategy.name not in ("single", "ddp"):
         raise ValueError(f"compile_mode={cfg.compile_mode!r} (CUDA graphs) works with strategy single or ddp, "
                          f"not {cfg.strategy.name!r}")
     return graphs
+
+
+def compile_blocks(model, mode: str | None = None, memory_budget: float | None = None) -> None:
+    """torch.compile every block of ``model`` (in ``mode``); ``memory_budget``: inductor's activation memory
+    budget for them (see TrainConfig.activation_memory_budget; process-wide, read when a block compiles)."""
+    if memory_budget is not None:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = memory_budget
+    for block in model.model.layers:
+        block.compile(mode=mode)
 
 
 def _step_begin(graphs: bool) -> None:
@@ -320,8 +337,7 @@ def train(cfg: TrainConfig) -> Path:
         if switch is None or not switch():
             raise ValueError(f"recompute_projections: model {cfg.model.preset!r} has no Forgetting Attention layers")
     if cfg.compile:
-        for block in model.model.layers:
-            block.compile(mode=cfg.compile_mode)
+        compile_blocks(model, cfg.compile_mode, cfg.activation_memory_budget)
     n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
     flops_tok = flops_per_token(config, seq_len, n_params)
     o = cfg.optimizer
