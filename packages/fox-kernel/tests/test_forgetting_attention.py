@@ -409,15 +409,15 @@ def test_local_prefix_sums(device_dtype, varlen):
     device, _ = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the Triton kernel runs on CUDA or in the interpreter")
-    from fox_kernel.ops.gates import prefix_sums
     from fox_kernel.ops.triton_attention import local_sums
+    from fox_kernel.reference import gate_prefix_sum
 
     g = torch.Generator().manual_seed(7)
     lengths = [37, 70, 5] if varlen else [83, 83]
     T = sum(lengths) if varlen else lengths[0]
     B = 1 if varlen else len(lengths)
     lf = random_log_fgate((B, T, 3), speed="fast", generator=g).to(device)
-    c = prefix_sums(lf, None)
+    c = gate_prefix_sum(lf.double()).transpose(1, 2).contiguous()  # (B, H, T) float64, as the kernels read it
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device) if varlen else None
     bounds = [(int(cu[i]), int(cu[i + 1])) for i in range(len(lengths))] if varlen else [(0, T)]
     for seg, origin in [(16, 0), (32, 0), (16, 5)]:

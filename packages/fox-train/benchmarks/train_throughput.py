@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 import fox_models  # noqa: F401
 from fox_models.presets import get_preset
 from fox_train.metrics import flops_per_token, peak_flops
-from fox_train.train import CUDA_GRAPH_MODES
+from fox_train.train import CUDA_GRAPH_MODES, compile_blocks
 
 # (name, preset family, config overrides, recompute_projections, activation memory budget of the compiled
 # blocks or None)
@@ -76,9 +76,9 @@ def set_memory_budget(budget):
         torch._dynamo.reset()
 
 
-def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compile_blocks,
+def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compiled,
             profile_top=0, trace=None, compile_mode=None, memory_budget=None):
-    set_memory_budget(memory_budget if compile_blocks else None)
+    set_memory_budget(memory_budget if compiled else None)
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
@@ -86,9 +86,8 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
         model.gradient_checkpointing_enable()
     if recompute:
         model.enable_projection_recompute()
-    if compile_blocks:
-        for block in model.model.layers:
-            block.compile(mode=compile_mode)
+    if compiled:
+        compile_blocks(model, compile_mode)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     n_params = sum(p.numel() for k, p in model.named_parameters() if k != "model.embeddings.weight")
@@ -97,7 +96,7 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
     torch.cuda.reset_peak_memory_stats()
 
     def step():
-        if compile_blocks and compile_mode in CUDA_GRAPH_MODES:
+        if compiled and compile_mode in CUDA_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=inputs, labels=labels).loss.mean()

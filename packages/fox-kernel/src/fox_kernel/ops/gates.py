@@ -1,17 +1,9 @@
-"""Gate prefix sums and the gate gradient, shared by the Triton and PyTorch paths (no Triton import)."""
+"""The gate gradient from dc, shared by the Triton path (packed batches) and the PyTorch path (no Triton
+import)."""
 
 from __future__ import annotations
 
 import torch
-
-
-def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
-    """c = cumsum(log f) in float64, laid out (B, H, T) so the cumsum runs along a contiguous axis."""
-    g = log_fgate.transpose(1, 2).to(torch.float64)
-    if seq_start is not None:
-        pos = torch.arange(g.shape[-1], device=g.device)
-        g = g * (pos[None, :] >= seq_start[:, None]).to(g.dtype)[:, None, :]
-    return torch.cumsum(g, dim=-1)
 
 
 def gate_grad_from_dc(dc: torch.Tensor, seq_start, cu_seqlens) -> torch.Tensor:

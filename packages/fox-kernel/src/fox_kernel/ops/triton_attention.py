@@ -85,10 +85,7 @@ def _prefix_sums_kernel(LF, SEQ_START, C, stride_lb, stride_lt, stride_lh, H, T,
     h = pid % H
     src = LF + b.to(tl.int64) * stride_lb + h * stride_lh
     dst = C + pid.to(tl.int64) * T
-    if HAS_SEQ_START:
-        s0 = tl.load(SEQ_START + b).to(tl.int32)
-    else:
-        s0 = 0
+    _, _, _, _, s0 = _bounds(None, SEQ_START, b, T, T, False, HAS_SEQ_START)
     running = tl.zeros([], dtype=tl.float64)
     for start in range(0, T, BLOCK):
         t = start + tl.arange(0, BLOCK)
@@ -109,10 +106,7 @@ def _gate_grad_kernel(DC, DC_ROW, SEQ_START, OUT, stride_ob, stride_ot, stride_o
     dc = DC + pid.to(tl.int64) * Tk
     dc_row = DC_ROW + pid.to(tl.int64) * Tq
     dst = OUT + b.to(tl.int64) * stride_ob + h * stride_oh
-    if HAS_SEQ_START:
-        s0 = tl.load(SEQ_START + b).to(tl.int32)
-    else:
-        s0 = 0
+    _, _, _, _, s0 = _bounds(None, SEQ_START, b, Tk, Tk, False, HAS_SEQ_START)
     shift = Tk - Tq
     n_chunks = tl.cdiv(Tk, BLOCK)
     running = tl.zeros([], dtype=tl.float64)
@@ -127,8 +121,9 @@ def _gate_grad_kernel(DC, DC_ROW, SEQ_START, OUT, stride_ob, stride_ot, stride_o
 
 
 def triton_prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
-    """``gates.prefix_sums`` in one launch (the float64 cast and torch's cumsum were two, and the cumsum
-    over a few long rows ran ~40 us at T=16k, H=12 on an H200)."""
+    """c = cumsum(log f) in float64, laid out (B, H, T), gates before ``seq_start`` zeroed, in one launch
+    (a float64 cast and torch's cumsum were two, and that cumsum over a few long rows ran ~40 us at
+    T=16k, H=12 on an H200)."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     if B * H and T:
