@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from fox_layers import AttentionState, ForgettingAttentionLayer
+from fox_layers.rope import apply_rope
 
 HIDDEN = 48
 VARIANTS = {
@@ -132,6 +133,47 @@ def test_gradients_match_float64():
     grads64 = torch.autograd.grad(out64, [x64, *layer64.parameters()], g.double())
     for a, e in zip(grads, grads64):
         _close(a, e, tol=2e-4)
+
+
+@pytest.mark.parametrize("variant", ["pro", "pro_gqa", "llama", "full_bias_init_silu"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_input_projection_matches_separate_linears(variant, bias):
+    """The layer projects its input with one matmul against the concatenated weights (zero-padded rows
+    to 16 bytes); it must equal the modules applied one by one, outputs and weight gradients alike."""
+    torch.manual_seed(3)
+    layer = ForgettingAttentionLayer(HIDDEN, attention_bias=bias, **VARIANTS[variant]).double()
+    x = _x(2, 19, dtype=torch.float64).requires_grad_()
+    q, k, v, lf, ks, vs, g = layer._project(x, with_ogate=True)
+    sep_k, sep_ks = layer.k_proj(x) if layer.use_k_shift else (layer.k_proj(x), None)
+    sep_v, sep_vs = layer.v_proj(x) if layer.use_v_shift else (layer.v_proj(x), None)
+    sep_q = layer.q_proj(x)
+    if layer.qk_norm:
+        sep_q, sep_k = layer.q_norm(sep_q), layer.k_norm(sep_k)
+    sep = [sep_q, sep_k, sep_v, layer.log_fgate(x)]
+    if layer.use_rope:
+        pos = torch.arange(19).expand(2, 19)
+        rope = lambda t, h: apply_rope(t.view(2, 19, h, -1), pos, layer.rope_base)
+        sep[0], sep[1] = rope(sep[0], layer.num_heads), rope(sep[1], layer.num_kv_heads)
+    fused = [q, k, v, lf]
+    if layer.use_output_gate:
+        fused.append(g)
+        sep.append(layer.ogate_proj(x))
+    else:
+        assert g is None
+    for a, e in zip(fused, sep):
+        torch.testing.assert_close(a.reshape(e.shape), e, rtol=1e-12, atol=1e-12)
+    for a, e in ((ks, sep_ks), (vs, sep_vs)):
+        assert (a is None) == (e is None)
+        if a is not None:
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+    w = [torch.randn_like(t) for t in fused]
+    params = [p for p in layer.parameters() if p.requires_grad]
+    got = torch.autograd.grad(sum((a.reshape(b.shape) * b).sum() for a, b in zip(fused, w)), [x, *params], allow_unused=True)
+    ref = torch.autograd.grad(sum((a.reshape(b.shape) * b).sum() for a, b in zip(sep, w)), [x, *params], allow_unused=True)
+    for (name, _), a, e in zip([("x", None), *layer.named_parameters()], got, ref):
+        assert (a is None) == (e is None), name
+        if a is not None:
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=name)
 
 
 def _saved_bytes(fn):

@@ -61,6 +61,10 @@ class ForgettingAttentionLayer(nn.Module):
     with ``linear`` and ``shift_proj``), o_proj, fgate_proj, ogate_proj, output_norm, q_norm, k_norm.
     """
 
+    fuse_input_projections: bool = True
+    """Project the input with one matmul against the concatenated q/k/v/gate weights (the parameters stay
+    separate, as in the checkpoints). Set per instance or per subclass to use one matmul per module."""
+
     def __init__(
         self,
         hidden_size: int,
@@ -191,25 +195,72 @@ class ForgettingAttentionLayer(nn.Module):
         u = math.sqrt(self.head_dim) * self.q_norm.max_abs_weight() * wk
         return (-(2 * u + math.log(max(T_k, 1))) + self.log_pruning_tolerance)[None]
 
+    def _input_linears(self, with_ogate: bool):
+        """(name, Linear) of every projection of the layer's input, in the order of the fused matmul."""
+        kv = lambda p: p.linear if isinstance(p, ShiftLinear) else p
+        out = [("q", self.q_proj), ("k", kv(self.k_proj)), ("v", kv(self.v_proj))]
+        if with_ogate and self.use_output_gate:
+            out.append(("g", self.ogate_proj))
+        out += [(f"{n}_shift", p.shift_proj) for n, p in (("k", self.k_proj), ("v", self.v_proj))
+                if isinstance(p, ShiftLinear)]
+        if self.fgate_type == "full":
+            out.append(("f", self.fgate_proj))
+        return out
+
+    def _input_projections(self, x: torch.Tensor, with_ogate: bool) -> dict[str, torch.Tensor]:
+        """All projections of x by name; with ``fuse_input_projections``, as one matmul against the
+        concatenated weights, split afterwards.
+
+        One large matmul instead of up to seven (three of them only num_heads wide, which run far from
+        the GPU's peak) reads x once and launches two kernels fewer per projection in the backward.
+        The concatenation is a copy of the weights (a few MB) per call.
+        """
+        linears = self._input_linears(with_ogate)
+        if not self.fuse_input_projections:
+            return {name: m(x) for name, m in linears}
+        weights = [m.weight for _, m in linears]
+        biases = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for _, m in linears]
+        sizes = [m.out_features for _, m in linears]
+        # Rows padded to 16 bytes keep every slice usable by TMA loads and SDPA's fused kernels (the
+        # narrow gate projections come last, so the wide slices start aligned when head_dim is a multiple of 8).
+        pad = -sum(sizes) % 8
+        if pad:
+            weights.append(x.new_zeros(pad, x.shape[-1], dtype=weights[0].dtype))
+            biases.append(biases[0].new_zeros(pad))
+        with_bias = any(m.bias is not None for _, m in linears)
+        y = F.linear(x, torch.cat(weights), torch.cat(biases) if with_bias else None)
+        return dict(zip([n for n, _ in linears], y.split(sizes + [pad], dim=-1)))
+
     def project(self, x, seq_start=None, cu_seqlens=None, past: int = 0, k_state=None, v_state=None):
         """Queries, keys, values and log forget gates for hidden states x (B, T, hidden).
 
         Returns q (B, T, H, D), k and v (B, T, Hkv, D) after shift, QK-norm and RoPE, log_fgate (B, T, H)
         float32, and the new token-shift states. ``past``: tokens already cached (positions of x).
         """
+        return self._project(x, seq_start, cu_seqlens, past, k_state, v_state)[:6]
+
+    def _project(self, x, seq_start=None, cu_seqlens=None, past: int = 0, k_state=None, v_state=None,
+                 with_ogate: bool = False):
+        """``project`` plus, with ``with_ogate``, the output gate's logits (or None), from the same matmul."""
         B, T, _ = x.shape
-        q = self.q_proj(x)
-        k, k_shift = self._project_kv(self.k_proj, x, k_state, seq_start, cu_seqlens, past)
-        v, v_shift = self._project_kv(self.v_proj, x, v_state, seq_start, cu_seqlens, past)
+        y = self._input_projections(x, with_ogate)
+        k, k_shift = y["k"], None
+        if "k_shift" in y:
+            k, k_shift = self.k_proj.mix(k, y["k_shift"], k_state, seq_start, cu_seqlens, past)
+        v, v_shift = y["v"], None
+        if "v_shift" in y:
+            v, v_shift = self.v_proj.mix(v, y["v_shift"], v_state, seq_start, cu_seqlens, past)
+        q = y["q"]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = q.view(B, T, self.num_heads, self.head_dim)
-        k = k.view(B, T, self.num_kv_heads, self.head_dim)
-        v = v.view(B, T, self.num_kv_heads, self.head_dim)
+        q = q.reshape(B, T, self.num_heads, self.head_dim)
+        k = k.reshape(B, T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         if self.use_rope:
             pos = self._positions(B, T, past, seq_start, cu_seqlens, x.device)
             q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
-        return q, k, v, self.log_fgate(x), k_shift, v_shift
+        log_fgate = F.logsigmoid(y["f"].float()) if "f" in y else self.log_fgate(x)
+        return q, k, v, log_fgate, k_shift, v_shift, y.get("g")
 
     def forward(
         self,
@@ -238,9 +289,10 @@ class ForgettingAttentionLayer(nn.Module):
             q, k, v, log_fgate, k_shift, v_shift = checkpoint(
                 self.project, x, seq_start, cu_seqlens, use_reentrant=False
             )
+            g = None
         else:
-            q, k, v, log_fgate, k_shift, v_shift = self.project(
-                x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift
+            q, k, v, log_fgate, k_shift, v_shift, g = self._project(
+                x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift, with_ogate=True
             )
         dtype = v.dtype
         if state is None or past == 0:
@@ -256,11 +308,13 @@ class ForgettingAttentionLayer(nn.Module):
         o = o.reshape(B, T, self.hidden_size).to(dtype)
         if recompute:  # the gate logits and the normalised, gated output are not kept
             return checkpoint(self._output, o, x, use_reentrant=False), state
-        return self._output(o, x), state
+        return self._output(o, x, g), state
 
-    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Output norm and gate (FoX Pro), then the output projection."""
-        g = self.ogate_proj(x) if self.use_output_gate else None
+    def _output(self, o: torch.Tensor, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        """Output norm and gate (FoX Pro), then the output projection. ``g``: the gate's logits if the
+        fused input projection already made them."""
+        if g is None and self.use_output_gate:
+            g = self.ogate_proj(x)
         if self.use_output_norm:
             o = self.output_norm(o, g, self.ogate_act)  # norm and gate fused on GPU
         elif g is not None:

@@ -55,15 +55,19 @@ class ShiftLinear(nn.Module):
 
     def forward(self, x, state=None, seq_start=None, cu_seqlens=None, past: int = 0):
         """x: (B, T, input_dim) -> (out (B, T, output_dim), new state (B, output_dim))."""
-        cur = self.linear(x)
+        return self.mix(self.linear(x), self.shift_proj(x), state, seq_start, cu_seqlens, past)
+
+    def mix(self, cur, s, state=None, seq_start=None, cu_seqlens=None, past: int = 0):
+        """The shift alone, from the projection ``cur`` (B, T, output_dim) and the shift logits ``s``
+        (B, T, num_heads) (a layer that computes both in one fused matmul passes them here)."""
         from fox_layers.kernels import use_triton
 
         if use_triton(cur):
             from fox_layers.kernels.shift import shift_mix
 
-            return shift_mix(cur, self.shift_proj(x), state, seq_start, cu_seqlens, past), cur[:, -1]
+            return shift_mix(cur, s, state, seq_start, cu_seqlens, past), cur[:, -1]
         acc = torch.promote_types(cur.dtype, torch.float32)
-        alpha = torch.sigmoid(self.shift_proj(x).to(acc))[..., None]  # (B, T, H, 1)
+        alpha = torch.sigmoid(s.to(acc))[..., None]  # (B, T, H, 1)
         prev = previous_tokens(cur, state, seq_start, cu_seqlens, past)
         B, T, C = cur.shape
         heads = lambda t: t.view(B, T, self.num_heads, C // self.num_heads).to(acc)
