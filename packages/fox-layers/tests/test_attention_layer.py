@@ -165,7 +165,7 @@ def test_fused_input_projection_matches_separate_linears(variant, bias):
     for a, e in ((ks, sep_ks), (vs, sep_vs)):
         assert (a is None) == (e is None)
         if a is not None:
-            torch.testing.assert_close(a, e, rtol=0, atol=0)
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
     w = [torch.randn_like(t) for t in fused]
     params = [p for p in layer.parameters() if p.requires_grad]
     got = torch.autograd.grad(sum((a.reshape(b.shape) * b).sum() for a, b in zip(fused, w)), [x, *params], allow_unused=True)

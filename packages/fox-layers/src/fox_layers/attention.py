@@ -219,17 +219,17 @@ class ForgettingAttentionLayer(nn.Module):
         if not self.fuse_input_projections:
             return {name: m(x) for name, m in linears}
         weights = [m.weight for _, m in linears]
-        biases = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for _, m in linears]
         sizes = [m.out_features for _, m in linears]
         # Rows padded to 16 bytes keep every slice usable by TMA loads and SDPA's fused kernels (the
         # narrow gate projections come last, so the wide slices start aligned when head_dim is a multiple of 8).
         pad = -sum(sizes) % 8
         if pad:
             weights.append(x.new_zeros(pad, x.shape[-1], dtype=weights[0].dtype))
-            biases.append(biases[0].new_zeros(pad))
-        with_bias = any(m.bias is not None for _, m in linears)
-        y = F.linear(x, torch.cat(weights), torch.cat(biases) if with_bias else None)
-        return dict(zip([n for n, _ in linears], y.split(sizes + [pad], dim=-1)))
+        # Biases (the forget gate's) are added to their slices, where they fuse into the next op: as the
+        # matmul's bias they cost a broadcast copy over the whole (T, N) output first.
+        y = F.linear(x, torch.cat(weights)).split(sizes + [pad], dim=-1)
+        return {name: part if m.bias is None else part + m.bias.to(part.dtype)
+                for (name, m), part in zip(linears, y)}
 
     def project(self, x, seq_start=None, cu_seqlens=None, past: int = 0, k_state=None, v_state=None):
         """Queries, keys, values and log forget gates for hidden states x (B, T, hidden).
