@@ -25,22 +25,39 @@ import triton
 from transformers import AutoModelForCausalLM
 
 import fox_models  # noqa: F401
-from fox_models.presets import get_preset
+from fox_models.presets import SIZES, get_preset
 from fox_train.metrics import flops_per_token, peak_flops
 from fox_train.train import CUDA_GRAPH_MODES, compile_blocks
 
-# (name, preset family, config overrides, recompute_projections, activation memory budget of the compiled
-# blocks or None)
+# (name, preset family, config overrides (``head_dim``: the number of heads that gives it), recompute_projections,
+# activation memory budget of the compiled blocks or None)
 MODELS = [
     ("FoX (Pro)", "fox-pro", {}, False, None),
     ("FoX (Pro) + pruning", "fox-pro", {"log_pruning_tolerance": -10.0}, False, None),
     ("FoX (Pro) + recompute", "fox-pro", {}, True, None),
     ("FoX (Pro) + memory budget 0.8", "fox-pro", {}, False, 0.8),
+    # not the paper's FoX (it uses head dim 64): how much of the gap is the head dim
+    ("FoX (Pro), head dim 128", "fox-pro", {"head_dim": 128}, False, None),
     ("FoX (LLaMA)", "fox-llama", {}, False, None),
     ("Transformer (Pro)", "transformer-pro", {}, False, None),
     ("Transformer (LLaMA, SDPA)", "transformer-llama", {}, False, None),
     ("Transformer (LLaMA, SDPA) + memory budget 0.8", "transformer-llama", {}, False, 0.8),
 ]
+
+
+def kernel_kind(name):
+    """A rough class of a GPU kernel by its name: inductor (compiled pointwise and reductions), loss (the
+    fused cross-entropy), attention, gemm (cuBLAS/CUTLASS), other."""
+    n = name.lower()
+    if n.startswith("triton_"):
+        return "inductor"
+    if n.startswith("_ce_"):
+        return "loss"
+    if any(s in n for s in ("cudnn", "flash", "fmha", "gluon_", "_fwd_kernel", "_bwd_kernel", "_dkdv", "_dq_", "attention")):
+        return "attention"
+    if any(s in n for s in ("nvjet", "xmma", "cutlass", "gemm")):
+        return "gemm"
+    return "other"
 
 
 def kernel_profile(step, top, trace=None):
@@ -62,7 +79,11 @@ def kernel_profile(step, top, trace=None):
         if event.device_type == torch.autograd.DeviceType.CUDA:
             times[event.name] = times.get(event.name, 0.0) + event.device_time / 1e3
     ranked = sorted(times.items(), key=lambda kv: -kv[1])
-    return dict(gpu_ms=sum(times.values()), wall_ms=wall * 1e3, kernels=[dict(name=n, ms=t) for n, t in ranked[:top]])
+    kinds = {}
+    for n, t in times.items():
+        kinds[kernel_kind(n)] = kinds.get(kernel_kind(n), 0.0) + t
+    return dict(gpu_ms=sum(times.values()), wall_ms=wall * 1e3, by_kind=kinds,
+                kernels=[dict(name=n, ms=t) for n, t in ranked[:top]])
 
 
 def set_memory_budget(budget):
@@ -79,6 +100,9 @@ def set_memory_budget(budget):
 def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compiled,
             profile_top=0, trace=None, compile_mode=None, memory_budget=None):
     set_memory_budget(memory_budget if compiled else None)
+    extra = dict(extra)
+    if "head_dim" in extra:  # as many heads as the hidden size holds
+        extra["num_heads"] = SIZES[size][0] // extra.pop("head_dim")
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).cuda()
@@ -181,7 +205,8 @@ def main():
             print({k: v for k, v in row.items() if k != "profile"}, flush=True)
             if "profile" in row:
                 prof = row["profile"]
-                print(f"  one profiled step: {prof['wall_ms']:.1f} ms wall, {prof['gpu_ms']:.1f} ms of GPU kernels; costliest:")
+                kinds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(prof["by_kind"].items()))
+                print(f"  one profiled step: {prof['wall_ms']:.1f} ms wall, {prof['gpu_ms']:.1f} ms of GPU kernels ({kinds}); costliest:")
                 for kern in prof["kernels"]:
                     print(f"  {kern['ms']:8.2f} ms  {kern['name'][:110]}")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
