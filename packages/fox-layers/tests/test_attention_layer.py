@@ -176,6 +176,20 @@ def test_fused_input_projection_matches_separate_linears(variant, bias):
             torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_compiled_layer_matches_eager_with_and_without_grad(grad):
+    """Compiled without gradients the layer projects with one matmul per module (inductor on torch 2.11
+    could not generate the fused form's inference graph); both forms give the eager layer's output."""
+    layer = _layer("pro")
+    x = _x(2, 29)
+    with torch.no_grad():
+        exact, _ = layer(x)
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    with torch.set_grad_enabled(grad):
+        out, _ = compiled(x)
+    torch.testing.assert_close(out, exact, rtol=1e-5, atol=1e-6)
+
+
 def _saved_bytes(fn):
     """Bytes autograd keeps for the backward while fn runs (distinct storages)."""
     seen = {}

@@ -216,7 +216,9 @@ class ForgettingAttentionLayer(nn.Module):
         The concatenation is a copy of the weights (a few MB) per call.
         """
         linears = self._input_linears(with_ogate)
-        if not self.fuse_input_projections:
+        # torch 2.11's inductor fails to generate the fused form's inference graph (a Triton codegen
+        # TypeError in get_block_shape, seen in fox-train's evaluation on an H200); the fusion is for training.
+        if not self.fuse_input_projections or (torch.compiler.is_compiling() and not torch.is_grad_enabled()):
             return {name: m(x) for name, m in linears}
         weights = [m.weight for _, m in linears]
         sizes = [m.out_features for _, m in linears]
