@@ -169,11 +169,6 @@ class ForgettingAttentionLayer(nn.Module):
             return torch.zeros(B, T, self.num_heads, dtype=torch.float32, device=x.device)
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, self.num_heads)
 
-    def _project_kv(self, proj, x, shift_state, seq_start, cu_seqlens, past):
-        if isinstance(proj, ShiftLinear):
-            return proj(x, shift_state, seq_start, cu_seqlens, past)
-        return proj(x), None
-
     def _positions(self, B, T, past, seq_start, cu_seqlens, device):
         pos = torch.arange(past, past + T, device=device).expand(B, T)
         if seq_start is not None:
