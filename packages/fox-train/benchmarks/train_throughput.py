@@ -81,7 +81,8 @@ def kernel_profile(step, top, trace=None):
     ranked = sorted(times.items(), key=lambda kv: -kv[1])
     kinds = {}
     for n, t in times.items():
-        kinds[kernel_kind(n)] = kinds.get(kernel_kind(n), 0.0) + t
+        kind = kernel_kind(n)
+        kinds[kind] = kinds.get(kind, 0.0) + t
     return dict(gpu_ms=sum(times.values()), wall_ms=wall * 1e3, by_kind=kinds,
                 kernels=[dict(name=n, ms=t) for n, t in ranked[:top]])
 
