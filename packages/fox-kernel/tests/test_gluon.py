@@ -1,10 +1,11 @@
-"""The Gluon (Hopper) kernels (forward, dK/dV and dQ passes) against the float64 reference and the Triton kernels."""
+"""The Gluon (Hopper) kernels (forward, dK/dV and dQ passes, the one-pass backward) against the float64
+reference and the Triton kernels."""
 
 import pytest
 import torch
 
 from fox_kernel import forgetting_attention
-from fox_kernel.ops.gluon_attention import gluon_kernels, use_gluon
+from fox_kernel.ops.gluon_attention import GLUON_ONE_PASS_DIMS, gluon_kernels, use_gluon
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 
@@ -42,6 +43,7 @@ def _reference(inputs, do):
     return results
 
 
+@pytest.mark.parametrize("backward", ["two-pass", "fused"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("B, Tq, Tk, H, Hkv, speed", [
@@ -51,13 +53,18 @@ def _reference(inputs, do):
     (2, 333, 1000, 4, 2, "fast"),    # queries shorter than keys, GQA
     (1, 5, 300, 4, 4, "fast"),       # a few queries: every query block cut by its end
 ])
-def test_gluon_matches_reference_and_triton(monkeypatch, D, dtype, B, Tq, Tk, H, Hkv, speed):
-    """Output and gradients of the Gluon kernels against float64 and the reference in the inputs' type,
-    and no further from float64 than the Triton kernels'."""
+def test_gluon_matches_reference_and_triton(monkeypatch, backward, D, dtype, B, Tq, Tk, H, Hkv, speed):
+    """Output and gradients of the Gluon kernels (two-pass backward, or at D=64 the one-pass backward)
+    against float64 and the reference in the inputs' type, and no further from float64 than the Triton
+    kernels' (two passes)."""
+    if backward == "fused" and D not in GLUON_ONE_PASS_DIMS:
+        pytest.skip("the Gluon one-pass backward is for D=64")
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed=Tq + H)
     assert use_gluon(inputs[0], None, None)
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", backward)
     out = forgetting_attention(*inputs)
     grads = torch.autograd.grad(out, inputs, do)
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
     monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
     triton_out = forgetting_attention(*inputs)
     triton_grads = torch.autograd.grad(triton_out, inputs, do)
@@ -91,21 +98,26 @@ def test_gluon_reads_strided_and_head_first_inputs():
         assert_close_to_reference(a, e, s, name=name, factor=3.0)
 
 
+@pytest.mark.parametrize("backward", ["two-pass", "fused"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("Tq", [1500, 732])
-def test_gluon_with_pruning(monkeypatch, D, Tq):
+def test_gluon_with_pruning(monkeypatch, backward, D, Tq):
     """Pruned key/query block pairs are skipped: within the bound's tolerance of the exact gradients, a
     loose threshold really changes them, and the Triton passes (other tiles) agree to the same tolerance.
     Tq < Tk: the dQ pass's table of kept ranges has a column per key-length block, more than its grid.
     (Tk - Tq is a multiple of the tiles: with queries off the key tiles' grid, the nearest prunable key
     lies tens of fast-decaying steps back and pruning it changes nothing, at any threshold.)"""
+    if backward == "fused" and D not in GLUON_ONE_PASS_DIMS:
+        pytest.skip("the Gluon one-pass backward is for D=64")
     inputs, do = _inputs(1, Tq, 1500, 4, 2, D, torch.bfloat16, "fast", seed=5)
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", backward)
 
     def outputs(**kw):
         out = forgetting_attention(*inputs, **kw)
         return (out.detach(), *torch.autograd.grad(out, inputs, do))
 
     exact, pruned, loose = outputs(), outputs(adaptive_threshold="auto"), outputs(adaptive_threshold=-0.5)
+    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
     monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
     pruned_triton = outputs(adaptive_threshold="auto")
     for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):

@@ -30,6 +30,9 @@ GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
 # 348 / 382, 16k 380 / 390; D=128 4k 429 / 358, 16k 518 / 487.
 GLUON_FWD_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
 GLUON_FWD_MAX_KEYS = {64: 4096, 128: None}
+# Head dims of the one-pass backward (the dK/dV pass adding dQ in, FOX_KERNEL_BACKWARD=fused): its two
+# float32 dQ tiles per consumer need 128 KiB of shared memory at D=128, more than is left.
+GLUON_ONE_PASS_DIMS = (64,)
 
 
 @functools.cache
@@ -75,10 +78,13 @@ def use_gluon_forward(q, k, seq_start, cu_seqlens) -> bool:
     return limit is None or k.shape[1] <= limit
 
 
-def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None):
+def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq_acc=None, dc_row=None):
     """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
     of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see triton_attention.local_sums);
-    ``ranges``: with pruning, the end of the kept queries of each (row, head, key block)."""
+    ``ranges``: with pruning, the end of the kept queries of each (row, head, key block).
+
+    The one-pass backward: given ``dq_acc`` (float32, q's shape, zeros) and ``dc_row`` (float32 (B, H, Tq)),
+    also adds dQ / sm_scale into ``dq_acc`` and writes the row term of dc into ``dc_row``."""
     from fox_kernel.ops.triton_attention import LOG2E  # (that module imports this one)
 
     gk = gluon_kernels()
@@ -86,16 +92,23 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
     grid = (triton.cdiv(Tk, block_n), B * Hkv)
+    q_desc = _descriptor(q, block_m)
+    fused = dq_acc is not None
+    if fused:  # four partial row sums per query (one per warp), rows padded to 16 bytes
+        row_sums = torch.zeros(B * H * 4, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
+        rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
     gk.gluon_dkdv_kernel[grid](
-        _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
-        c, clq, lse, delta, dk, dv, dc,
-        ranges, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        q_desc, _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        c, clq, lse, delta, dk, dv, dc, ranges,
+        _descriptor(dq_acc, block_m) if fused else q_desc, rs_desc if fused else q_desc, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=fused,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
+    if fused:
+        torch.sum(row_sums[:, :Tq].view(B, H, 4, Tq), dim=2, out=dc_row)
 
 
 def gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
@@ -153,12 +166,20 @@ def _descriptor(x, rows):
     return TensorDescriptor(x, [n_rows, x.shape[2] * D], [stride, 1], [rows, D], _tile_layout(rows, D, x.dtype))
 
 
+def _matrix_descriptor(x, block):
+    """TMA descriptor of a 2-D tensor read in ``block`` tiles."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _tile_layout(*block, x.dtype))
+
+
 @functools.cache
 def _tile_layout(rows: int, D: int, dtype: torch.dtype):
     """The shared-memory layout of a (rows, D) tile (built once: it took a third of a descriptor's host time)."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for([rows, D], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype)
 
 
 def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from fox_kernel.ops.gates import gate_grad_from_dc
 from fox_kernel.ops.gluon_attention import (
+    GLUON_ONE_PASS_DIMS,
     gluon_blocks,
     gluon_dkdv,
     gluon_dq,
@@ -1057,8 +1058,11 @@ def fused_backward() -> bool:
 
     ``FOX_KERNEL_BACKWARD=fused|two-pass`` chooses; ``torch.use_deterministic_algorithms(True)`` forces
     the two-pass form. Two passes are the default: on an H200 (Triton 3.6, T=16k, H*D=2048, bf16) the
-    one-pass backward, best of seven tiles, took 12.35 ms vs 11.78 ms at D=64 (10.65 ms since the dQ
-    pass's 64x64 tiles) and 11.9 ms vs 7.9 ms at D=128 (session 9)."""
+    Triton one-pass backward, best of seven tiles, took 12.35 ms vs 11.78 ms at D=64 (10.65 ms since the
+    dQ pass's 64x64 tiles) and 11.9 ms vs 7.9 ms at D=128 (session 9). Where the Gluon kernels run, the
+    one pass is the Gluon dK/dV kernel adding dQ in with TMA reductions (D=64; D=128 keeps two passes):
+    on an H100 (session 15, T=16k, D=64) 3.08 vs 2.88-2.91 ms at H=12, 5.94-5.99 vs 5.81-5.86 ms at H=24,
+    2.53-2.56 vs 2.31 ms at T=8k with GQA 32/8."""
     mode = os.environ.get("FOX_KERNEL_BACKWARD", "two-pass")
     if mode not in BACKWARD_MODES:
         raise ValueError(f"FOX_KERNEL_BACKWARD must be one of {BACKWARD_MODES}, got {mode!r}")
@@ -1079,8 +1083,9 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    fused = fused_backward()
-    gluon = not fused and use_gluon(q, seq_start, cu_seqlens)
+    gluon = use_gluon(q, seq_start, cu_seqlens)
+    # the Gluon one-pass backward holds float32 dQ tiles in shared memory: D=64 only
+    fused = fused_backward() and (not gluon or D in GLUON_ONE_PASS_DIMS)
     # the column term of dc: the Gluon dK/dV pass writes every key's, the Triton passes may skip some
     dc = (torch.empty if gluon else torch.zeros)(B, H, Tk, dtype=torch.float32, device=q.device)
     n_rows, t_max = _grid_rows(cu_seqlens, B, Tk)
@@ -1092,8 +1097,10 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     flags.update(USE_TMA=use_tma, SCAN=_scan())
     cfg = _config("fused" if fused else "dkdv", D, q.dtype, q.device)
     # the row term of dc: summed into with atomics (one pass), or written once per row by the dQ pass
-    dc_row = (torch.zeros if fused else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
-    if fused:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
+    dc_row = (torch.zeros if fused and not gluon else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
+    if fused and gluon:  # float32 dQ / sm_scale, q's layout
+        dq_acc = torch.zeros(B, Tq, H, D, dtype=torch.float32, device=q.device)
+    elif fused:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
         dq_acc = torch.zeros(B, H, D, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         dq_desc = dq_acc
         if use_tma:
@@ -1108,11 +1115,14 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
         blocks = gluon_blocks(D)
         clq = local_sums(c, cu_seqlens, n_rows, t_max, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
         ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, False)
-        gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges)
+        gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges,
+                   dq_acc if fused else None, dc_row if fused else None)
     else:
         _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
                    cfg, flags, use_tma, fused, n_rows, t_max, sm_scale)
-    if fused:
+    if fused and gluon:
+        torch.mul(dq_acc, sm_scale, out=dq)
+    elif fused:
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
     elif gluon:
         blocks = gluon_blocks(D, "dq")
