@@ -78,13 +78,13 @@ def use_gluon_forward(q, k, seq_start, cu_seqlens) -> bool:
     return limit is None or k.shape[1] <= limit
 
 
-def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq_acc=None, dc_row=None):
+def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
     """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
     of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see triton_attention.local_sums);
     ``ranges``: with pruning, the end of the kept queries of each (row, head, key block).
 
-    The one-pass backward: given ``dq_acc`` (float32, q's shape, zeros) and ``dc_row`` (float32 (B, H, Tq)),
-    also adds dQ / sm_scale into ``dq_acc`` and writes the row term of dc into ``dc_row``."""
+    The one-pass backward: given ``dq`` and ``dc_row`` (float32 (B, H, Tq)), also writes dQ and the row
+    term of dc into them (the dQ pass's outputs, see gluon_dq)."""
     from fox_kernel.ops.triton_attention import LOG2E  # (that module imports this one)
 
     gk = gluon_kernels()
@@ -93,14 +93,16 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
     grid = (triton.cdiv(Tk, block_n), B * Hkv)
     q_desc = _descriptor(q, block_m)
-    fused = dq_acc is not None
-    if fused:  # four partial row sums per query (one per warp), rows padded to 16 bytes
+    fused = dq is not None
+    if fused:  # float32 dQ / sm_scale; four partial row sums per query (one per warp), rows padded to 16 bytes
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         row_sums = torch.zeros(B * H * 4, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
     gk.gluon_dkdv_kernel[grid](
         q_desc, _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
         c, clq, lse, delta, dk, dv, dc, ranges,
-        _descriptor(dq_acc, block_m) if fused else q_desc, rs_desc if fused else q_desc, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        _descriptor(dq_acc, block_m) if fused else q_desc, rs_desc if fused else q_desc,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
@@ -108,6 +110,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
     if fused:
+        torch.mul(dq_acc, sm_scale, out=dq)
         torch.sum(row_sums[:, :Tq].view(B, H, 4, Tq), dim=2, out=dc_row)
 
 

@@ -1096,11 +1096,11 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     use_tma = cu_seqlens is None and _use_tma(q, k, v, do)
     flags.update(USE_TMA=use_tma, SCAN=_scan())
     cfg = _config("fused" if fused else "dkdv", D, q.dtype, q.device)
-    # the row term of dc: summed into with atomics (one pass), or written once per row by the dQ pass
-    dc_row = (torch.zeros if fused and not gluon else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
-    if fused and gluon:  # float32 dQ / sm_scale, q's layout
-        dq_acc = torch.zeros(B, Tq, H, D, dtype=torch.float32, device=q.device)
-    elif fused:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
+    triton_fused = fused and not gluon
+    # the row term of dc: summed into with atomics (Triton one pass), or written once per row by the dQ
+    # pass or the Gluon one pass
+    dc_row = (torch.zeros if triton_fused else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
+    if triton_fused:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
         dq_acc = torch.zeros(B, H, D, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         dq_desc = dq_acc
         if use_tma:
@@ -1116,14 +1116,14 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
         clq = local_sums(c, cu_seqlens, n_rows, t_max, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
         ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, False)
         gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges,
-                   dq_acc if fused else None, dc_row if fused else None)
+                   dq if fused else None, dc_row if fused else None)
     else:
         _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
                    cfg, flags, use_tma, fused, n_rows, t_max, sm_scale)
-    if fused and gluon:
-        torch.mul(dq_acc, sm_scale, out=dq)
-    elif fused:
+    if triton_fused:
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
+    elif fused:
+        pass  # the Gluon one pass wrote dq and dc_row
     elif gluon:
         blocks = gluon_blocks(D, "dq")
         ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, True)
