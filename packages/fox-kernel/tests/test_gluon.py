@@ -77,6 +77,34 @@ def test_gluon_matches_reference_and_triton(monkeypatch, backward, D, dtype, B, 
         assert err <= 1.5 * err_triton + 1e-3 * e.abs().max(), (name, err.item(), err_triton.item())
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("regime", ["tile bound", "row bounds", "online"])
+def test_gluon_forward_bound_regimes(monkeypatch, D, regime):
+    """The Gluon forward's three ways per consumer warpgroup: one fixed softmax bound for its rows (slow
+    gates), one per row (gates decaying by far more than the gap across the rows) and the online softmax
+    (query norms too large for any bound), against float64 and the Triton forward (online there)."""
+    B, T, H = 1, 700, 4
+    g = torch.Generator().manual_seed(D)
+    q = torch.randn(B, T, H, D, generator=g) * (8.0 if regime == "online" else 1.0)
+    k, v = torch.randn(B, T, H, D, generator=g), torch.randn(B, T, H, D, generator=g)
+    if regime == "row bounds":  # log2 decay of ~185 across 64 rows: no bound fits them all within the gap
+        lf = torch.full((B, T, H), -2.0) + 0.1 * torch.rand(B, T, H, generator=g)
+    else:
+        lf = random_log_fgate((B, T, H), speed="slow", generator=g)
+    q, k, v = (x.to("cuda", torch.bfloat16) for x in (q, k, v))
+    lf = lf.cuda()
+    with torch.no_grad():
+        out = forgetting_attention(q, k, v, lf)
+        monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
+        monkeypatch.setenv("FOX_KERNEL_FIXED_BOUND", "0")
+        out_triton = forgetting_attention(q, k, v, lf)
+        exact = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+        same = forgetting_attention_ref(q, k, v, lf)
+    assert_close_to_reference(out, exact, same, name="out", factor=3.0)
+    err, err_triton = (out.double() - exact).abs().max(), (out_triton.double() - exact).abs().max()
+    assert err <= 1.5 * err_triton + 1e-3 * exact.abs().max(), (err.item(), err_triton.item())
+
+
 def test_gluon_reads_strided_and_head_first_inputs():
     """q/k/v as slices of one fused projection (rows wider than H*D) and in head-first layout (copied)."""
     B, T, H, D = 2, 300, 4, 64

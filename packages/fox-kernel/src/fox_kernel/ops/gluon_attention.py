@@ -28,8 +28,16 @@ GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
 # D=64, so there the Gluon forward only takes keys up to GLUON_FWD_MAX_KEYS[D]. Measured on an H200
 # (benchmarks/gluon-fwd-h200-s12.json, forward TFLOP/s, Gluon / Triton): D=64 T=4k 307 / 285, 8k GQA
 # 348 / 382, 16k 380 / 390; D=128 4k 429 / 358, 16k 518 / 487.
-GLUON_FWD_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
+GLUON_FWD_TILES = {64: (128, 128, 2, 240, 24, 2), 128: (128, 128, 2, 240, 24, 2)}
 GLUON_FWD_MAX_KEYS = {64: 4096, 128: None}
+# The forward with its fixed softmax bound (the online softmax only where no bound is tight enough): (BLOCK_M,
+# BLOCK_N, STAGES, consumer / loader registers, consumer warpgroups). Each consumer's loop issues the next
+# block's scores before the P V matmul of this one, so it holds two ring slots: with two stages it ran
+# 30% slower than online. Measured on an H100 (Triton 3.6, forward TFLOP/s at T=16k, 8k GQA and 4k,
+# benchmarks/gluon-fwd-fixed-h100-s16.json): D=128 128x128 tiles, 3 stages, 610-683 (online 555-573,
+# cuDNN 601-628); D=64 three consumer warpgroups of 64 rows and 64-key tiles 386-432 (two warpgroups of
+# 64 rows 325-355, 128-key tiles 320-358; Triton's fixed bound 338-415).
+GLUON_FWD_FIXED_TILES = {64: (192, 64, 3, 168, 24, 3), 128: (128, 128, 3, 240, 24, 2)}
 # Head dims of the one-pass backward (the dK/dV pass adding dQ in, FOX_KERNEL_BACKWARD=fused): its two
 # float32 dQ tiles per consumer need 128 KiB of shared memory at D=128, more than is left.
 GLUON_ONE_PASS_DIMS = (64,)
@@ -71,11 +79,13 @@ def use_gluon(q, seq_start, cu_seqlens) -> bool:
     return gluon_kernels() is not None
 
 
-def use_gluon_forward(q, k, seq_start, cu_seqlens) -> bool:
+def use_gluon_forward(q, k, seq_start, cu_seqlens, fixed_bound: bool) -> bool:
+    """Whether the Gluon forward runs; without its fixed softmax bound (``fixed_bound``) only up to
+    GLUON_FWD_MAX_KEYS keys."""
     if not use_gluon(q, seq_start, cu_seqlens):
         return False
     limit = GLUON_FWD_MAX_KEYS[q.shape[-1]]
-    return limit is None or k.shape[1] <= limit
+    return fixed_bound or limit is None or k.shape[1] <= limit
 
 
 def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
@@ -135,23 +145,27 @@ def gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     )
 
 
-def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None):
+def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None, kmax2=None, gap=None):
     """Output and log-sum-exp (written into ``out``, ``lse``). ``cl``: the local sums of ``c`` over key
     tiles of ``gluon_blocks(D, "fwd")["BLOCK_N"]`` rows; ``ranges``: with pruning, the first kept key of
-    each (row, head, query block)."""
+    each (row, head, query block); ``kmax2``: the largest squared key norms (B, Hkv), given which each
+    consumer runs its rows against a fixed softmax bound where it lies within ``gap`` (log2 units) of
+    every row's diagonal term."""
     from fox_kernel.ops.triton_attention import LOG2E
 
     gk = gluon_kernels()
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    block_m, block_n, stages, regs, loader_regs = GLUON_FWD_TILES[D]
+    fixed = kmax2 is not None
+    block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
     grid = (triton.cdiv(Tq, block_m), B * H)
     gk.gluon_fwd_kernel[grid](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
-        0 if ranges is None else ranges.shape[1], out.stride(0), out.stride(1), out.stride(2),
+        _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
+        0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=float(gap or 0.0), CONSUMERS=consumers,
+        num_warps=4,
     )
 
 
@@ -186,6 +200,7 @@ def _tile_layout(rows: int, D: int, dtype: torch.dtype):
 
 
 def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
-    """The query and key tile heights of a pass ("fwd", "dkdv" or "dq") at this head dim."""
-    tiles = {"fwd": GLUON_FWD_TILES, "dkdv": GLUON_TILES, "dq": GLUON_DQ_TILES}[kind][head_dim]
+    """The query and key tile heights of a pass ("fwd", "fwd-fixed", "dkdv" or "dq") at this head dim."""
+    tables = {"fwd": GLUON_FWD_TILES, "fwd-fixed": GLUON_FWD_FIXED_TILES, "dkdv": GLUON_TILES, "dq": GLUON_DQ_TILES}
+    tiles = tables[kind][head_dim]
     return dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1])

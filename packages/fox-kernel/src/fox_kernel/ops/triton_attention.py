@@ -982,6 +982,15 @@ def fixed_bound_rows(head_dim: int) -> int:
     return int(env)
 
 
+# Head dims at which the Gluon forward runs the fixed softmax bound (one per consumer warpgroup's 64 rows,
+# as ROWS=0 above; rows where it is too loose run online).
+GLUON_FIXED_DIMS = (64, 128)
+
+
+def gluon_fixed_bound(dtype: torch.dtype, head_dim: int) -> bool:
+    return fixed_bound_softmax(dtype) and head_dim in GLUON_FIXED_DIMS
+
+
 def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps=None):
     """(out, lse, threshold): with ``auto_log_eps`` the pruning bound is taken per query tile from the
     tile's own query norms (see _fwd_kernel) and the returned (rows, H) threshold is the per-head
@@ -989,7 +998,7 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     c = triton_prefix_sums(log_fgate, seq_start)
-    if use_gluon_forward(q, k, seq_start, cu_seqlens):
+    if use_gluon_forward(q, k, seq_start, cu_seqlens, gluon_fixed_bound(q.dtype, D)):
         return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps)
     fixed = fixed_bound_softmax(q.dtype)
     auto = auto_log_eps is not None
@@ -1030,9 +1039,12 @@ def _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps):
         threshold = auto_threshold(q, k, sm_scale, Tk, auto_log_eps)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
-    blocks = gluon_blocks(D, "fwd")
+    fixed = gluon_fixed_bound(q.dtype, D)
+    blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
     ranges = _kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True)
-    gluon_forward(q, k, v, c, local_sums(c, None, B, Tk, blocks["BLOCK_N"]), out, lse, sm_scale, ranges)
+    kmax2 = key_sq_norms(k, None) if fixed else None
+    gluon_forward(q, k, v, c, local_sums(c, None, B, Tk, blocks["BLOCK_N"]), out, lse, sm_scale, ranges,
+                  kmax2, FIXED_BOUND_GAP)
     return out, lse, threshold
 
 
