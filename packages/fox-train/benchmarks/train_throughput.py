@@ -179,7 +179,7 @@ def main():
                     help='torch.compile mode of the blocks, e.g. "reduce-overhead" (CUDA graphs)')
     ap.add_argument("--unfused-loss", action="store_true",
                     help="the unfused loss (fuse_cross_entropy=False: float32 log-softmax per chunk) for comparison")
-    ap.add_argument("--models", nargs="*", default=None, help="names to run (substring match); default all")
+    ap.add_argument("--models", nargs="*", default=None, help="names to run (substring match, or the whole name after '='); default all")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one step per model and list its N costliest GPU kernels")
     ap.add_argument("--trace", default=None, metavar="DIR",
@@ -191,7 +191,7 @@ def main():
     rows = []
     for size in args.sizes:
         for name, family, extra, recompute, budget in MODELS:
-            if args.models and not any(m in name for m in args.models):
+            if args.models and not any(name == m[1:] if m.startswith("=") else m in name for m in args.models):
                 continue
             try:
                 if args.unfused_loss:

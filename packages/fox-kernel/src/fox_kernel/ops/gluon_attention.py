@@ -23,11 +23,12 @@ GLUON_TILES = {64: (64, 128, 2, 240, 24), 128: (64, 128, 2, 240, 24)}
 # benchmarks/gluon-dq-h200-s12.json): 128-key tiles beat 64 by 15-20% at both head dims although D=128
 # spills ~100 bytes with them; a third stage and launching heads first were within 2% either way.
 GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
-# The forward: as the dQ pass (64-key tiles or a third stage were 2-20% slower, session 12). It runs an
-# online softmax; the Triton forward's fixed softmax bound makes that one faster on long sequences at
-# D=64, so there the Gluon forward only takes keys up to GLUON_FWD_MAX_KEYS[D]. Measured on an H200
-# (benchmarks/gluon-fwd-h200-s12.json, forward TFLOP/s, Gluon / Triton): D=64 T=4k 307 / 285, 8k GQA
-# 348 / 382, 16k 380 / 390; D=128 4k 429 / 358, 16k 518 / 487.
+# The forward with the online softmax (float16, or FOX_KERNEL_FIXED_BOUND=0): as the dQ pass (64-key tiles
+# or a third stage were 2-20% slower, session 12). The Triton forward's fixed softmax bound made that one
+# faster on long sequences at D=64, so there this form only takes keys up to GLUON_FWD_MAX_KEYS[D] (and
+# so do pruned calls at D=64, see triton_forward). Measured on an H200 (benchmarks/gluon-fwd-h200-s12.json,
+# forward TFLOP/s, Gluon / Triton): D=64 T=4k 307 / 285, 8k GQA 348 / 382, 16k 380 / 390; D=128 4k 429 /
+# 358, 16k 518 / 487.
 GLUON_FWD_TILES = {64: (128, 128, 2, 240, 24, 2), 128: (128, 128, 2, 240, 24, 2)}
 GLUON_FWD_MAX_KEYS = {64: 4096, 128: None}
 # The forward with its fixed softmax bound (the online softmax only where no bound is tight enough): (BLOCK_M,
@@ -79,13 +80,12 @@ def use_gluon(q, seq_start, cu_seqlens) -> bool:
     return gluon_kernels() is not None
 
 
-def use_gluon_forward(q, k, seq_start, cu_seqlens, fixed_bound: bool) -> bool:
-    """Whether the Gluon forward runs; without its fixed softmax bound (``fixed_bound``) only up to
-    GLUON_FWD_MAX_KEYS keys."""
+def use_gluon_forward(q, k, seq_start, cu_seqlens, any_length: bool) -> bool:
+    """Whether the Gluon forward runs: up to GLUON_FWD_MAX_KEYS keys, or at any length with ``any_length``."""
     if not use_gluon(q, seq_start, cu_seqlens):
         return False
     limit = GLUON_FWD_MAX_KEYS[q.shape[-1]]
-    return fixed_bound or limit is None or k.shape[1] <= limit
+    return any_length or limit is None or k.shape[1] <= limit
 
 
 def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
