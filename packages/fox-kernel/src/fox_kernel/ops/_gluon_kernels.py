@@ -684,8 +684,9 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Output and log-sum-exp, BLOCK_M queries split between CONSUMERS warpgroups; with FIXED (``KMAX2``: the largest squared key norm per (row, key/value
-    head)) each consumer warpgroup runs its rows against a fixed softmax bound where that is tight enough."""
+    """Output and log-sum-exp, BLOCK_M queries split between CONSUMERS warpgroups; with FIXED (``KMAX2``:
+    the largest squared key norm per (row, key/value head)) each consumer runs its rows against a fixed
+    softmax bound where one is tight enough."""
     pid_m, pid_bh, b, h, hk, first = _query_program(H, Tq, Tk, GROUP, BLOCK_M)
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS

@@ -982,15 +982,6 @@ def fixed_bound_rows(head_dim: int) -> int:
     return int(env)
 
 
-# Head dims at which the Gluon forward runs the fixed softmax bound (one per consumer warpgroup's 64 rows,
-# as ROWS=0 above; rows where it is too loose run online).
-GLUON_FIXED_DIMS = (64, 128)
-
-
-def gluon_fixed_bound(dtype: torch.dtype, head_dim: int) -> bool:
-    return fixed_bound_softmax(dtype) and head_dim in GLUON_FIXED_DIMS
-
-
 def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps=None):
     """(out, lse, threshold): with ``auto_log_eps`` the pruning bound is taken per query tile from the
     tile's own query norms (see _fwd_kernel) and the returned (rows, H) threshold is the per-head
@@ -1001,10 +992,10 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     # With pruning, the Triton forward takes each query tile's own "auto" bound (tighter than the Gluon
     # forward's per-head one) and needs fewer launches: at D=64 it stays there past GLUON_FWD_MAX_KEYS (the
     # pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100, session 16).
-    long_ok = gluon_fixed_bound(q.dtype, D) and threshold is None and auto_log_eps is None
-    if use_gluon_forward(q, k, seq_start, cu_seqlens, long_ok):
-        return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps)
     fixed = fixed_bound_softmax(q.dtype)
+    long_ok = fixed and threshold is None and auto_log_eps is None
+    if use_gluon_forward(q, k, seq_start, cu_seqlens, long_ok):
+        return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed)
     auto = auto_log_eps is not None
     kmax2 = key_sq_norms(k, cu_seqlens) if fixed or auto else None
     out = torch.empty_like(q)
@@ -1033,8 +1024,9 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     return out, lse, threshold
 
 
-def _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps):
-    """The Gluon forward (online softmax, no fixed bound). With "auto" pruning it takes the per-head
+def _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed):
+    """The Gluon forward; with ``fixed`` (``fixed_bound_softmax``) its consumers run a fixed softmax bound
+    where one is tight enough, else the online softmax. With "auto" pruning it takes the per-head
     bound (one read of q and k) rather than the Triton forward's per-tile one, and prunes through the
     table of kept key ranges, as the dQ pass does."""
     B, Tq, H, D = q.shape
@@ -1043,7 +1035,6 @@ def _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps):
         threshold = auto_threshold(q, k, sm_scale, Tk, auto_log_eps)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
-    fixed = gluon_fixed_bound(q.dtype, D)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
     ranges = _kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True)
     kmax2 = key_sq_norms(k, None) if fixed else None
