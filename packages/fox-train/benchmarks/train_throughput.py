@@ -188,10 +188,16 @@ def main():
     args = ap.parse_args()
     if args.trace and not args.profile:
         ap.error("--trace DIR writes the trace of the profiled step: add --profile N")
+    def chosen(name, pattern):
+        return name == pattern[1:] if pattern.startswith("=") else pattern in name
+
+    unmatched = [m for m in args.models or [] if not any(chosen(name, m) for name, *_ in MODELS)]
+    if unmatched:
+        ap.error(f"--models: no model matches {unmatched}; the models are {[name for name, *_ in MODELS]}")
     rows = []
     for size in args.sizes:
         for name, family, extra, recompute, budget in MODELS:
-            if args.models and not any(name == m[1:] if m.startswith("=") else m in name for m in args.models):
+            if args.models and not any(chosen(name, m) for m in args.models):
                 continue
             try:
                 if args.unfused_loss:
