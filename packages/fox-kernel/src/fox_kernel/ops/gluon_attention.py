@@ -101,7 +101,11 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
-    grid = (triton.cdiv(Tk, block_n), B * Hkv)
+    # with GQA one program runs a whole group of heads, so there are few and long ones: launching every
+    # head's heaviest key blocks first shortens the tail (D=64, 8k, 32/8 heads: backward -4 to -5%; at MHA
+    # shapes no gain or slower: benchmarks/launch-order-h100-s17.json)
+    hf = D == 64 and Hkv < H
+    grid = (B * Hkv, triton.cdiv(Tk, block_n)) if hf else (triton.cdiv(Tk, block_n), B * Hkv)
     q_desc = _descriptor(q, block_m)
     fused = dq is not None
     if fused:  # float32 dQ / sm_scale; four partial row sums per query (one per warp), rows padded to 16 bytes
@@ -116,7 +120,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=fused,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=fused, HEADS_FIRST=hf,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
     if fused:
@@ -158,13 +162,18 @@ def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None, kmax2=None, g
     Tk, Hkv = k.shape[1], k.shape[2]
     fixed = kmax2 is not None
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
-    grid = (triton.cdiv(Tq, block_m), B * H)
+    # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the
+    # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
+    # at B=4 x 32 heads: benchmarks/launch-order-h100-s17.json)
+    hf = B * H <= 12
+    grid = (B * H, triton.cdiv(Tq, block_m)) if hf else (triton.cdiv(Tq, block_m), B * H)
     gk.gluon_fwd_kernel[grid](
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=float(gap or 0.0), CONSUMERS=consumers,
+        HEADS_FIRST=hf,
         num_warps=4,
     )
 
