@@ -280,6 +280,17 @@ def test_gluon_switch_is_checked(monkeypatch):
     assert not use_gluon(q, None, None)  # a CPU tensor never takes the Gluon pass
 
 
+
+def test_gluon_launch_grid_keeps_the_block_axis_in_range():
+    """Heads-first launch puts the blocks on the grid's second axis (at most 65,535); past that the kernels
+    keep the block-major order rather than fail to launch."""
+    from fox_kernel.ops.gluon_attention import _launch_grid
+
+    assert _launch_grid(86, 12, True) == ((12, 86), True)
+    assert _launch_grid(86, 12, False) == ((86, 12), False)
+    assert _launch_grid(65535, 3, True) == ((3, 65535), True)
+    assert _launch_grid(65536, 3, True) == ((65536, 3), False)
+
 def test_sm_scale_and_head_first(device_dtype):
     device, dtype = device_dtype
     _check(device, dtype, B=2, Tq=45, Tk=45, H=2, Hkv=2, D=32, sm_scale=0.3)

@@ -104,8 +104,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
     # with GQA one program runs a whole group of heads, so there are few and long ones: launching every
     # head's heaviest key blocks first shortens the tail (D=64, 8k, 32/8 heads: backward -4 to -5%; at MHA
     # shapes no gain or slower: benchmarks/launch-order-h100-s17.json)
-    hf = D == 64 and Hkv < H
-    grid = (B * Hkv, triton.cdiv(Tk, block_n)) if hf else (triton.cdiv(Tk, block_n), B * Hkv)
+    grid, hf = _launch_grid(triton.cdiv(Tk, block_n), B * Hkv, D == 64 and Hkv < H)
     q_desc = _descriptor(q, block_m)
     fused = dq is not None
     if fused:  # float32 dQ / sm_scale; four partial row sums per query (one per warp), rows padded to 16 bytes
@@ -165,8 +164,7 @@ def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None, kmax2=None, g
     # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the
     # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
     # at B=4 x 32 heads: benchmarks/launch-order-h100-s17.json)
-    hf = B * H <= 12
-    grid = (B * H, triton.cdiv(Tq, block_m)) if hf else (triton.cdiv(Tq, block_m), B * H)
+    grid, hf = _launch_grid(triton.cdiv(Tq, block_m), B * H, B * H <= 12)
     gk.gluon_fwd_kernel[grid](
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
@@ -176,6 +174,16 @@ def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None, kmax2=None, g
         HEADS_FIRST=hf,
         num_warps=4,
     )
+
+
+def _launch_grid(blocks: int, programs: int, heads_first: bool):
+    """(grid, heads_first) of a kernel over ``blocks`` blocks of each of ``programs`` (row, head) pairs:
+    ``(blocks, programs)`` launches one head's blocks after another, ``(programs, blocks)`` every head's
+    first blocks first. The second axis holds at most 65,535 programs, so very long sequences keep the first
+    order."""
+    if heads_first and blocks <= 65535:
+        return (programs, blocks), True
+    return (blocks, programs), False
 
 
 def _descriptor(x, rows):
