@@ -1,0 +1,147 @@
+"""A/B of Gluon kernel variants (the share of exponentials taken off the MUFU unit) in one process: each
+variant's error against float64 at small odd shapes, then forward and forward+backward times at the
+training shapes, variants alternating over ``--rounds`` so that drift of the GPU's clock hits all alike.
+cuDNN SDPA at the same shape is timed beside them for scale. Prints a table and writes JSON.
+
+    python packages/fox-kernel/benchmarks/gluon_variants.py --variants base fwd-emu4 --out variants.json
+
+A variant names the kernels whose exponentials it splits at head dim 64 (see VARIANTS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fox_kernel import forgetting_attention
+from fox_kernel.ops import gluon_attention as ga
+from fox_kernel.reference import forgetting_attention_ref
+
+# name -> {"exp2": {kernel: P}}: one exponential of every P on the FMA pipe (GLUON_EXP2_EMU); "base" is
+# what the package ships
+VARIANTS = {"base": {}}
+for _kernel in ("fwd", "dkdv", "dq"):
+    for _p in (2, 4, 8):
+        VARIANTS[f"{_kernel}-emu{_p}"] = {"exp2": {_kernel: _p}}
+SHAPES = {  # name -> (B, T, H, Hkv)
+    "16k-h12": (1, 16384, 12, 12),   # one layer of the 125M model
+    "16k-h24": (1, 16384, 24, 24),   # 760M
+    "16k-h32": (1, 16384, 32, 32),
+    "8k-gqa": (2, 8192, 32, 8),
+    "4k-h32": (4, 4096, 32, 32),
+}
+D = 64
+BASE = {kernel: row[D] for kernel, row in ga.GLUON_EXP2_EMU.items()}
+
+
+def use(variant: str):
+    for kernel, emu in BASE.items():
+        ga.GLUON_EXP2_EMU[kernel][D] = VARIANTS[variant].get("exp2", {}).get(kernel, emu)
+
+
+def errors(seed=0):
+    """Largest error of output and gradients against float64, relative to the float64 tensor's largest
+    magnitude, at odd shapes (partial blocks, GQA, fast gates)."""
+    out = {}
+    for B, T, H, Hkv in ((2, 1000, 4, 4), (1, 777, 8, 2), (3, 300, 2, 2)):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(B, T, h, D, generator=g) for h in (H, Hkv, Hkv))
+        lf = F.logsigmoid(torch.randn(B, T, H, generator=g) + 1.0)
+        do = torch.randn(B, T, H, D, generator=g)
+        leaves = [x.to("cuda", torch.bfloat16).requires_grad_() for x in (q, k, v)] + [lf.cuda().requires_grad_()]
+        got = forgetting_attention(*leaves)
+        got = (got, *torch.autograd.grad(got, leaves, do.to("cuda", torch.bfloat16)))
+        ref_leaves = [x.double().cuda().requires_grad_() for x in (q, k, v, lf)]
+        ref = forgetting_attention_ref(*ref_leaves)
+        ref = (ref, *torch.autograd.grad(ref, ref_leaves, do.double().cuda()))
+        for name, a, r in zip(("out", "dq", "dk", "dv", "dlogf"), got, ref):
+            e = ((a.double() - r).abs().max() / r.abs().max()).item()
+            out[name] = max(out.get(name, 0.0), e)
+    return out
+
+
+def fox_calls(B, T, H, Hkv):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    k, v = (torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(2))
+    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    lf = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=g) + 3.5).requires_grad_()
+
+    def fwd():
+        with torch.no_grad():
+            forgetting_attention(q, k, v, lf)
+
+    def fwd_bwd():
+        forgetting_attention(q, k, v, lf).backward(do)
+
+    return fwd, fwd_bwd
+
+
+def cudnn_calls(B, T, H, Hkv):
+    q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    do = torch.randn_like(q)
+
+    def fwd():
+        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
+    return fwd, fwd_bwd
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", nargs="+", default=["base", "fwd-emu4"], choices=sorted(VARIANTS))
+    ap.add_argument("--shapes", nargs="+", default=["16k-h12", "16k-h24"], choices=sorted(SHAPES))
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default="gluon_variants.json")
+    args = ap.parse_args()
+
+    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  python=platform.python_version(), head_dim=D,
+                  variants={v: VARIANTS[v] for v in args.variants}, errors={}, times=[])
+    for variant in args.variants:
+        use(variant)
+        result["errors"][variant] = errors()
+        print(variant, "error vs float64:", {k: f"{e:.2e}" for k, e in result["errors"][variant].items()}, flush=True)
+
+    for shape in args.shapes:
+        B, T, H, Hkv = SHAPES[shape]
+        flops = 4 * B * H * T * T * D / 2
+        fwd, fwd_bwd = cudnn_calls(B, T, H, Hkv)
+        row = dict(shape=shape, contender="cuDNN", fwd_ms=[triton.testing.do_bench(fwd)],
+                   fwd_bwd_ms=[triton.testing.do_bench(fwd_bwd)])
+        result["times"].append(row)
+        rows = {v: dict(shape=shape, contender=v, fwd_ms=[], fwd_bwd_ms=[]) for v in args.variants}
+        fwd, fwd_bwd = fox_calls(B, T, H, Hkv)
+        for _ in range(args.rounds):
+            for variant in args.variants:
+                use(variant)
+                rows[variant]["fwd_ms"].append(triton.testing.do_bench(fwd))
+                rows[variant]["fwd_bwd_ms"].append(triton.testing.do_bench(fwd_bwd))
+        result["times"].extend(rows.values())
+        print(f"\n{shape} (B={B}, T={T}, H={H}, Hkv={Hkv}, D={D})")
+        print(f"{'contender':>10} | {'fwd ms':>15} | {'bwd ms':>15} | {'fwd TFLOP/s':>11} | {'fwd+bwd TFLOP/s':>15}")
+        for r in [row, *rows.values()]:
+            bwd = [b - f for f, b in zip(r["fwd_ms"], r["fwd_bwd_ms"])]
+            r["bwd_ms"] = bwd
+            print(f"{r['contender']:>10} | {' / '.join(f'{x:.3f}' for x in r['fwd_ms']):>15} | "
+                  f"{' / '.join(f'{x:.3f}' for x in bwd):>15} | {flops / min(r['fwd_ms']) / 1e9:>11.1f} | "
+                  f"{3.5 * flops / min(r['fwd_bwd_ms']) / 1e9:>15.1f}", flush=True)
+    use("base")
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
