@@ -1,11 +1,11 @@
-"""A/B of Gluon kernel variants (the share of exponentials taken off the MUFU unit) in one process: each
+"""A/B of Gluon tile configurations (rows of ``gluon_attention``'s tile tables) in one process: each
 variant's error against float64 at small odd shapes, then forward and forward+backward times at the
 training shapes, variants alternating over ``--rounds`` so that drift of the GPU's clock hits all alike.
 cuDNN SDPA at the same shape is timed beside them for scale. Prints a table and writes JSON.
 
-    python packages/fox-kernel/benchmarks/gluon_variants.py --variants base fwd-emu4 --out variants.json
+    python packages/fox-kernel/benchmarks/gluon_variants.py --variants base dkdv-s3 --out variants.json
 
-A variant names the kernels whose exponentials it splits at head dim 64 (see VARIANTS).
+A variant replaces rows of the tile tables at head dim 64 (see VARIANTS).
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from fox_kernel import forgetting_attention
 from fox_kernel.ops import gluon_attention as ga
 from fox_kernel.reference import forgetting_attention_ref
 
-# name -> {"exp2": {kernel: P}}: one exponential of every P on the FMA pipe (GLUON_EXP2_EMU); "base" is
-# what the package ships
-VARIANTS = {"base": {}}
-for _kernel in ("fwd", "dkdv", "dq"):
-    for _p in (2, 4, 8):
-        VARIANTS[f"{_kernel}-emu{_p}"] = {"exp2": {_kernel: _p}}
+# name -> {table of gluon_attention: its row at D=64}; "base" is what the package ships
+VARIANTS = {
+    "base": {},
+    "dkdv-s3": {"GLUON_TILES": (64, 128, 3, 240, 24)},
+    "dkdv-s4": {"GLUON_TILES": (64, 128, 4, 240, 24)},
+    "dq-s3": {"GLUON_DQ_TILES": (128, 128, 3, 240, 24)},
+    "fwd-s4": {"GLUON_FWD_FIXED_TILES": (192, 64, 4, 168, 24, 3)},
+}
 SHAPES = {  # name -> (B, T, H, Hkv)
     "16k-h12": (1, 16384, 12, 12),   # one layer of the 125M model
     "16k-h24": (1, 16384, 24, 24),   # 760M
@@ -37,12 +39,12 @@ SHAPES = {  # name -> (B, T, H, Hkv)
     "4k-h32": (4, 4096, 32, 32),
 }
 D = 64
-BASE = {kernel: row[D] for kernel, row in ga.GLUON_EXP2_EMU.items()}
+BASE = {name: getattr(ga, name)[D] for name in ("GLUON_TILES", "GLUON_DQ_TILES", "GLUON_FWD_FIXED_TILES")}
 
 
 def use(variant: str):
-    for kernel, emu in BASE.items():
-        ga.GLUON_EXP2_EMU[kernel][D] = VARIANTS[variant].get("exp2", {}).get(kernel, emu)
+    for name, row in BASE.items():
+        getattr(ga, name)[D] = VARIANTS[variant].get(name, row)
 
 
 def errors(seed=0):
@@ -101,7 +103,7 @@ def cudnn_calls(B, T, H, Hkv):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", nargs="+", default=["base", "fwd-emu4"], choices=sorted(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["base", "dkdv-s3"], choices=sorted(VARIANTS))
     ap.add_argument("--shapes", nargs="+", default=["16k-h12", "16k-h24"], choices=sorted(SHAPES))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="gluon_variants.json")

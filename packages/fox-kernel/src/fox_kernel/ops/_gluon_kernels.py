@@ -64,42 +64,6 @@ def _wgmma_layout(n):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
 
 
-@gluon.constexpr_function
-def _exp2_mix_asm(pack):
-    """PTX for ``2^x`` of ``pack`` elements: the first as a polynomial on the FMA pipe, the others on the
-    special-function unit (MUFU.EX2, 16 a clock per SM on Hopper). At head dim 64 a score costs 256 matmul
-    FLOPs, which the tensor cores take as long to run as MUFU takes for its one exponential, so moving a
-    share of them to the FMA pipe unloads the unit the softmax waits on (as FlashAttention-4 does on
-    Blackwell). ``2^x = 2^j 2^f``: j = round(x) through the float adder (1.5 * 2^23 added and taken off),
-    f in [-1/2, 1/2], 2^f by a degree-3 minimax polynomial (relative error 7.5e-5, 50 times under a bf16
-    rounding), and j added to the exponent field as an integer. x is clamped at -125 (2^-125 stands in
-    for 0, as far under any weight the kernels keep as MUFU's flushed 0); x must stay under 127."""
-    emulated = (
-        "{ .reg .f32 xc, t, r, f, p; .reg .b32 ti, pi;"
-        f" max.ftz.f32 xc, ${pack}, 0fC2FA0000;"
-        " add.rn.ftz.f32 t, xc, 0f4B400000; sub.rn.ftz.f32 r, t, 0f4B400000; sub.rn.ftz.f32 f, xc, r;"
-        " fma.rn.ftz.f32 p, f, 0f3D61FB71, 0f3E786EF8; fma.rn.ftz.f32 p, p, f, 0f3F31798D;"
-        " fma.rn.ftz.f32 p, p, f, 0f3F7FFB4A;"
-        " mov.b32 ti, t; mov.b32 pi, p; shl.b32 ti, ti, 23; add.s32 pi, pi, ti; mov.b32 $0, pi; }"
-    )
-    return emulated + "".join(f" ex2.approx.ftz.f32 ${i}, ${pack + i};" for i in range(1, pack))
-
-
-@gluon.constexpr_function
-def _exp2_mix_constraints(pack):
-    return ",".join(["=f"] * pack + ["f"] * pack)
-
-
-@gluon.jit
-def _exp2(x, EMU: gl.constexpr):
-    """``2^x`` (float32), with EMU > 0 one element of every EMU on the FMA pipe (see _exp2_mix_asm)."""
-    if EMU == 0:
-        return gl.exp2(x)
-    else:
-        return gl.inline_asm_elementwise(_exp2_mix_asm(EMU), _exp2_mix_constraints(EMU), [x], dtype=gl.float32,
-                                         is_pure=True, pack=EMU)
-
-
 @gluon.jit
 def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Query blocks that see key block ``pid_n``: from m_lo, those before m_mid on the diagonal (as
@@ -162,7 +126,7 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
 def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2, offs_n,
                start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, rs_row, q_row, h,
                BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-               a_layout: gl.constexpr, FUSED_DQ: gl.constexpr, EXP2_EMU: gl.constexpr):
+               a_layout: gl.constexpr, FUSED_DQ: gl.constexpr):
     """Query block ``start_m``, from ring slot ``i``. With FUSED_DQ, also this warpgroup's share of the
     block's dQ (dS K over its keys) and of the row term of dc, added into float32 tensors with TMA
     reductions."""
@@ -181,7 +145,7 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
         keep = (offs_n[:, None] <= (offs_m + shift)[None, :]) & (offs_m < t_q)[None, :]
         s_t = gl.where(keep, s_t, float("-inf"))
-    p_t = _exp2(s_t - lse2[None, :], EXP2_EMU)
+    p_t = gl.exp2(s_t - lse2[None, :])
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
     ds_t = p_t * (dp_t - delta[None, :])
     dtype: gl.constexpr = q_s.dtype
@@ -228,7 +192,7 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
                        stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                       FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr, EXP2_EMU: gl.constexpr):
+                       FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr):
     """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = _wgmma_layout(HEAD_D)
@@ -255,8 +219,7 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
         for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH, HEADS_FIRST), BLOCK_M):
             dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2,
                                     offs_n, start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
-                                    (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ,
-                                    EXP2_EMU)
+                                    (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ)
             i += 1
         gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
     if FUSED_DQ:
@@ -279,8 +242,7 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
                       H, HKV, Tq, Tk, sm_scale, sm_scale2,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr,
-                      EXP2_EMU: gl.constexpr):
+                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr):
     """dK, dV and the column term of dc; with FUSED_DQ also dQ / sm_scale and the row term of dc, added
     with TMA reductions into the float32 tensors of ``dq_desc`` (q's layout) and ``rs_desc`` ((B*H*4, Tq):
     four partial sums per row): the one-pass backward."""
@@ -339,12 +301,12 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
                                   b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS,
-                                  FUSED_DQ, HEADS_FIRST, EXP2_EMU)),
+                                  FUSED_DQ, HEADS_FIRST)),
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                                   b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS,
-                                  FUSED_DQ, HEADS_FIRST, EXP2_EMU)),
+                                  FUSED_DQ, HEADS_FIRST)),
             (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
                                stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, Tq,
                                GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, HEADS_FIRST)),
@@ -420,7 +382,7 @@ def _biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl
 @gluon.jit
 def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m, start_n,
              my_first, my_last, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             s_layout: gl.constexpr, a_layout: gl.constexpr, EXP2_EMU: gl.constexpr):
+             s_layout: gl.constexpr, a_layout: gl.constexpr):
     """Key block ``start_n``, from ring slot ``i``."""
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
@@ -430,7 +392,7 @@ def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2,
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_s, v_t.permute((1, 0)), zero, use_acc=False, is_async=True)
         sc = _biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N, s_layout, 1)
-        p = _exp2(sc - lse2[:, None], EXP2_EMU)
+        p = gl.exp2(sc - lse2[:, None])
         dp = warpgroup_mma_wait(num_outstanding=0, deps=[dp])
         ds = p * (dp - delta[:, None])
         dq = warpgroup_mma(gl.convert_layout(ds.to(k_s.dtype), a_layout), k_t, dq, is_async=True)
@@ -445,8 +407,7 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
                           b, h, pid_bh, pid_m, first, t_q, t_k, stride_dqb, stride_dqt, stride_dqh,
                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                          EXP2_EMU: gl.constexpr):
+                          HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
     """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     dq_layout: gl.constexpr = _wgmma_layout(HEAD_D)
@@ -475,8 +436,7 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
     mbarrier.wait(q_bar, 0)
     for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
         dq, dc_row = _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m,
-                              lo + i * BLOCK_N, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout,
-                              EXP2_EMU)
+                              lo + i * BLOCK_N, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout)
     gl.store(DC_ROW + b * stride_lb + h * stride_lh + offs_m, dc_row, mask=mask_m)
     rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, dq_layout))
     cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
@@ -524,7 +484,7 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_R
                     H, Tq, Tk, sm_scale, sm_scale2,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                    LOADER_REGS: gl.constexpr, EXP2_EMU: gl.constexpr):
+                    LOADER_REGS: gl.constexpr):
     pid_m, pid_bh, b, h, hk, first = _query_program(H, Tq, Tk, GROUP, BLOCK_M, False)
     dtype: gl.constexpr = q_desc.dtype
     q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
@@ -542,11 +502,11 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_R
             (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
                                      stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
-                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, EXP2_EMU)),
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
             (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
                                      stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
-                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, EXP2_EMU)),
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
             (_kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
                                   b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
         ],
@@ -591,8 +551,7 @@ def _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos
 
 @gluon.jit
 def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, dtype: gl.constexpr,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr, ROWWISE: gl.constexpr,
-                  EXP2_EMU: gl.constexpr):
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr, ROWWISE: gl.constexpr):
     """Key block ``start_n`` (ring slot ``s``) against the fixed bound (one for the tile, folded into the
     column term, or with ROWWISE one per row): the weights 2^(score - bound) as the A operand of the P V
     matmul, and the row sums grown by them (on the diagonal, by the rounded weights the matmul uses, so
@@ -608,7 +567,7 @@ def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, 
         p = gl.exp2(x).to(dtype)
         l_i = l_i + gl.sum(p.to(gl.float32), axis=1)
     else:
-        p = _exp2(x, EXP2_EMU)
+        p = gl.exp2(x)
         l_i = l_i + gl.sum(p, axis=1)
         p = p.to(dtype)
     return gl.convert_layout(p, a_layout), l_i
@@ -617,7 +576,7 @@ def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, 
 @gluon.jit
 def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine, my_first,
                     sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                    a_layout: gl.constexpr, ROWWISE: gl.constexpr, EXP2_EMU: gl.constexpr):
+                    a_layout: gl.constexpr, ROWWISE: gl.constexpr):
     """The softmax against a fixed bound: no row maximum and no rescaling of the output, so the matmuls
     are pipelined: block i's scores are issued before block i-1's P V and its exponentials run while
     that matmul does. The first ``n_mine`` blocks of the ring (from ``lo``) are this warpgroup's."""
@@ -626,7 +585,7 @@ def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, po
     sc = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
     p, l_i = _fixed_scores(sc, ck_s, 0, pos_m, lo, my_first, sm_scale2, bound, l_i, dtype, BLOCK_N, s_layout,
-                           a_layout, ROWWISE, EXP2_EMU)
+                           a_layout, ROWWISE)
     for i in range(1, n_mine):
         s = i % STAGES
         prev = (i - 1) % STAGES
@@ -635,7 +594,7 @@ def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, po
         acc = warpgroup_mma(p, v_s.index(prev), acc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])
         p_next, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo + i * BLOCK_N, my_first, sm_scale2, bound, l_i, dtype,
-                                    BLOCK_N, s_layout, a_layout, ROWWISE, EXP2_EMU)
+                                    BLOCK_N, s_layout, a_layout, ROWWISE)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p])
         ampere_mbarrier.arrive(empty.index(prev))
         p = p_next
@@ -669,7 +628,7 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
                            stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                            HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
-                           GAP: gl.constexpr, EXP2_EMU: gl.constexpr):
+                           GAP: gl.constexpr):
     """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS). With FIXED, the softmax runs
     against a fixed bound where it is tight enough for these rows (else online)."""
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
@@ -699,12 +658,11 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
         n_mine = gl.cdiv(gl.minimum(hi, my_last + 1) - lo, BLOCK_N)
         if tile_ok:
             acc, l_i = _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine,
-                                       my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, False, EXP2_EMU)
+                                       my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, False)
             m_i = gl.full([ROWS], 0.0, gl.float32, row_layout) + bound
         elif rows_ok:  # the gates decay too much across the tile for one bound (one more tile op)
             acc, l_i = _fwd_fixed_loop(acc, l_i, row_bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
-                                       n_mine, my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, True,
-                                       EXP2_EMU)
+                                       n_mine, my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, True)
             m_i = row_bound
         else:
             acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
@@ -734,7 +692,7 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                     HEADS_FIRST: gl.constexpr, EXP2_EMU: gl.constexpr):
+                     HEADS_FIRST: gl.constexpr):
     """Output and log-sum-exp, BLOCK_M queries split between CONSUMERS warpgroups; with FIXED (``KMAX2``:
     the largest squared key norm per (row, key/value head)) each consumer runs its rows against a fixed
     softmax bound where one is tight enough."""
@@ -756,11 +714,11 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP, EXP2_EMU)),
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP, EXP2_EMU)),
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
                 (_kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
                                       stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
                                       BLOCK_N, STAGES, HAS_THRESH)),
@@ -775,15 +733,15 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP, EXP2_EMU)),
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP, EXP2_EMU)),
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS, FIXED, GAP, EXP2_EMU)),
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS, FIXED, GAP)),
                 (_kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
                                       stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
                                       BLOCK_N, STAGES, HAS_THRESH)),

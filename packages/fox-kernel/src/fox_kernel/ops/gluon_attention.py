@@ -39,9 +39,6 @@ GLUON_FWD_MAX_KEYS = {64: 4096, 128: None}
 # cuDNN 601-628); D=64 three consumer warpgroups of 64 rows and 64-key tiles 386-432 (two warpgroups of
 # 64 rows 325-355, 128-key tiles 320-358; Triton's fixed bound 338-415).
 GLUON_FWD_FIXED_TILES = {64: (192, 64, 3, 168, 24, 3), 128: (128, 128, 3, 240, 24, 2)}
-# Exponentials on the FMA pipe, per kernel and head dim: 0 (all on MUFU) or P (one of every P as a polynomial,
-# see _gluon_kernels._exp2_mix_asm).
-GLUON_EXP2_EMU = {"fwd": {64: 0, 128: 0}, "dkdv": {64: 0, 128: 0}, "dq": {64: 0, 128: 0}}
 # Head dims of the one-pass backward (the dK/dV pass adding dQ in, FOX_KERNEL_BACKWARD=fused): its two
 # float32 dQ tiles per consumer need 128 KiB of shared memory at D=128, more than is left.
 GLUON_ONE_PASS_DIMS = (64,)
@@ -123,7 +120,7 @@ def gluon_dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=Non
         H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=fused, HEADS_FIRST=hf,
-        EXP2_EMU=GLUON_EXP2_EMU["dkdv"][D], num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
+        num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
     if fused:
         torch.mul(dq_acc, sm_scale, out=dq)
@@ -147,7 +144,7 @@ def gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
         dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, sm_scale, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, EXP2_EMU=GLUON_EXP2_EMU["dq"][D], num_warps=4,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
     )
 
 
@@ -174,7 +171,7 @@ def gluon_forward(q, k, v, c, cl, out, lse, sm_scale, ranges=None, kmax2=None, g
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=float(gap or 0.0), CONSUMERS=consumers,
-        HEADS_FIRST=hf, EXP2_EMU=GLUON_EXP2_EMU["fwd"][D],
+        HEADS_FIRST=hf,
         num_warps=4,
     )
 
