@@ -1,7 +1,9 @@
 """A/B of Gluon tile configurations (rows of ``gluon_attention``'s tile tables) in one process: each
 variant's error against float64 at small odd shapes, then forward and forward+backward times at the
 training shapes, variants alternating over ``--rounds`` so that drift of the GPU's clock hits all alike.
-cuDNN SDPA at the same shape is timed beside them for scale. Prints a table and writes JSON.
+cuDNN SDPA at the same shape is timed beside them for scale, with ``bench_attention.py``'s inputs and timing
+(the median of ``triton.testing.do_bench``; session 18's JSON took do_bench's mean, commit f7c6630).
+Prints a table and writes JSON.
 
     python packages/fox-kernel/benchmarks/gluon_variants.py --variants base dkdv-s3 --out variants.json
 
@@ -17,7 +19,8 @@ import platform
 import torch
 import torch.nn.functional as F
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from bench_attention import _flops, _inputs, _ours, _sdpa, _time
+from torch.nn.attention import SDPBackend
 
 from fox_kernel import forgetting_attention
 from fox_kernel.ops import gluon_attention as ga
@@ -68,39 +71,6 @@ def errors(seed=0):
     return out
 
 
-def fox_calls(B, T, H, Hkv):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-    k, v = (torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_() for _ in range(2))
-    do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    lf = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=g) + 3.5).requires_grad_()
-
-    def fwd():
-        with torch.no_grad():
-            forgetting_attention(q, k, v, lf)
-
-    def fwd_bwd():
-        forgetting_attention(q, k, v, lf).backward(do)
-
-    return fwd, fwd_bwd
-
-
-def cudnn_calls(B, T, H, Hkv):
-    q = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    k, v = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16).requires_grad_() for _ in range(2))
-    do = torch.randn_like(q)
-
-    def fwd():
-        with torch.no_grad(), sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def fwd_bwd():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
-
-    return fwd, fwd_bwd
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="+", default=["base", "dkdv-s3"], choices=sorted(VARIANTS))
@@ -117,29 +87,28 @@ def main():
         result["errors"][variant] = errors()
         print(variant, "error vs float64:", {k: f"{e:.2e}" for k, e in result["errors"][variant].items()}, flush=True)
 
+    cudnn, ours = _sdpa(SDPBackend.CUDNN_ATTENTION), _ours()
     for shape in args.shapes:
         B, T, H, Hkv = SHAPES[shape]
-        flops = 4 * B * H * T * T * D / 2
-        fwd, fwd_bwd = cudnn_calls(B, T, H, Hkv)
-        row = dict(shape=shape, contender="cuDNN", fwd_ms=[triton.testing.do_bench(fwd)],
-                   fwd_bwd_ms=[triton.testing.do_bench(fwd_bwd)])
+        inputs = _inputs(B, T, H, Hkv, D, gate_shift=3.5)  # a trained model's spread of gates, no pruning
+        row = dict(shape=shape, contender="cuDNN", fwd_ms=[_time(cudnn, inputs, "fwd")],
+                   fwd_bwd_ms=[_time(cudnn, inputs, "fwd+bwd")])
         result["times"].append(row)
         rows = {v: dict(shape=shape, contender=v, fwd_ms=[], fwd_bwd_ms=[]) for v in args.variants}
-        fwd, fwd_bwd = fox_calls(B, T, H, Hkv)
         for _ in range(args.rounds):
             for variant in args.variants:
                 use(variant)
-                rows[variant]["fwd_ms"].append(triton.testing.do_bench(fwd))
-                rows[variant]["fwd_bwd_ms"].append(triton.testing.do_bench(fwd_bwd))
+                rows[variant]["fwd_ms"].append(_time(ours, inputs, "fwd"))
+                rows[variant]["fwd_bwd_ms"].append(_time(ours, inputs, "fwd+bwd"))
         result["times"].extend(rows.values())
         print(f"\n{shape} (B={B}, T={T}, H={H}, Hkv={Hkv}, D={D})")
         print(f"{'contender':>10} | {'fwd ms':>15} | {'bwd ms':>15} | {'fwd TFLOP/s':>11} | {'fwd+bwd TFLOP/s':>15}")
         for r in [row, *rows.values()]:
-            bwd = [b - f for f, b in zip(r["fwd_ms"], r["fwd_bwd_ms"])]
-            r["bwd_ms"] = bwd
+            r["bwd_ms"] = [b - f for f, b in zip(r["fwd_ms"], r["fwd_bwd_ms"])]
             print(f"{r['contender']:>10} | {' / '.join(f'{x:.3f}' for x in r['fwd_ms']):>15} | "
-                  f"{' / '.join(f'{x:.3f}' for x in bwd):>15} | {flops / min(r['fwd_ms']) / 1e9:>11.1f} | "
-                  f"{3.5 * flops / min(r['fwd_bwd_ms']) / 1e9:>15.1f}", flush=True)
+                  f"{' / '.join(f'{x:.3f}' for x in r['bwd_ms']):>15} | "
+                  f"{_flops(B, H, T, D, 'fwd') / min(r['fwd_ms']) / 1e9:>11.1f} | "
+                  f"{_flops(B, H, T, D, 'fwd+bwd') / min(r['fwd_bwd_ms']) / 1e9:>15.1f}", flush=True)
     use("base")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
