@@ -2,7 +2,8 @@
 variant's error against float64 at small odd shapes, then forward and forward+backward times at the
 training shapes, variants alternating over ``--rounds`` so that drift of the GPU's clock hits all alike.
 cuDNN SDPA at the same shape is timed beside them for scale, with ``bench_attention.py``'s inputs and timing
-(the median of ``triton.testing.do_bench``; session 18's JSON took do_bench's mean, commit f7c6630).
+(the median of ``triton.testing.do_bench``; session 18's JSON took do_bench's mean, commits 320c76f and
+f7c6630).
 Prints a table and writes JSON.
 
     python packages/fox-kernel/benchmarks/gluon_variants.py --variants base dkdv-s3 --out variants.json
@@ -17,7 +18,6 @@ import json
 import platform
 
 import torch
-import torch.nn.functional as F
 import triton
 from bench_attention import _flops, _inputs, _ours, _sdpa, _time
 from torch.nn.attention import SDPBackend
@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend
 from fox_kernel import forgetting_attention
 from fox_kernel.ops import gluon_attention as ga
 from fox_kernel.reference import forgetting_attention_ref
+from fox_kernel.testing import max_abs_err, random_log_fgate
 
 # name -> {table of gluon_attention: its row at D=64}; "base" is what the package ships
 VARIANTS = {
@@ -57,7 +58,7 @@ def errors(seed=0):
     for B, T, H, Hkv in ((2, 1000, 4, 4), (1, 777, 8, 2), (3, 300, 2, 2)):
         g = torch.Generator().manual_seed(seed)
         q, k, v = (torch.randn(B, T, h, D, generator=g) for h in (H, Hkv, Hkv))
-        lf = F.logsigmoid(torch.randn(B, T, H, generator=g) + 1.0)
+        lf = random_log_fgate((B, T, H), speed="fast", generator=g)
         do = torch.randn(B, T, H, D, generator=g)
         leaves = [x.to("cuda", torch.bfloat16).requires_grad_() for x in (q, k, v)] + [lf.cuda().requires_grad_()]
         got = forgetting_attention(*leaves)
@@ -66,8 +67,7 @@ def errors(seed=0):
         ref = forgetting_attention_ref(*ref_leaves)
         ref = (ref, *torch.autograd.grad(ref, ref_leaves, do.double().cuda()))
         for name, a, r in zip(("out", "dq", "dk", "dv", "dlogf"), got, ref):
-            e = ((a.double() - r).abs().max() / r.abs().max()).item()
-            out[name] = max(out.get(name, 0.0), e)
+            out[name] = max(out.get(name, 0.0), max_abs_err(a, r) / r.abs().max().item())
     return out
 
 
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default="gluon_variants.json")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gluon_variants.py needs a CUDA GPU (the Gluon kernels run on Hopper)")
 
     result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   python=platform.python_version(), head_dim=D,
