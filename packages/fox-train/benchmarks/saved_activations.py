@@ -7,6 +7,8 @@ T-independent tensors are summed apart. The attention is an opaque op on either 
 graph keeps what the GPU one keeps, up to differences between torch versions (session 19: the
 difference between FoX (Pro) and the Transformer (LLaMA) matched the H100's peak memory to 2%).
 
+Inductor's CPU backend needs a C++ compiler.
+
     python packages/fox-train/benchmarks/saved_activations.py --seq-len 1000 --out saved.json
 """
 
