@@ -184,19 +184,25 @@ def main():
                     help="after timing, profile one step per model and list its N costliest GPU kernels")
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="with --profile: write a Chrome trace of each profiled step into DIR")
+    ap.add_argument("--budgets", nargs="*", type=float, default=[], metavar="B",
+                    help="also FoX (Pro) with each of these activation memory budgets (0 < B <= 1), e.g. 0.9 0.95")
     ap.add_argument("--out", default="train_throughput.json")
     args = ap.parse_args()
+    if any(not 0 < b <= 1 for b in args.budgets):
+        ap.error(f"--budgets: each budget must be in (0, 1], got {args.budgets}")
+    models = MODELS + [(f"FoX (Pro) + memory budget {b:g}", "fox-pro", {}, False, b) for b in args.budgets
+                       if not any(m[0] == f"FoX (Pro) + memory budget {b:g}" for m in MODELS)]
     if args.trace and not args.profile:
         ap.error("--trace DIR writes the trace of the profiled step: add --profile N")
     def chosen(name, pattern):
         return name == pattern[1:] if pattern.startswith("=") else pattern in name
 
-    unmatched = [m for m in args.models or [] if not any(chosen(name, m) for name, *_ in MODELS)]
+    unmatched = [m for m in args.models or [] if not any(chosen(name, m) for name, *_ in models)]
     if unmatched:
-        ap.error(f"--models: no model matches {unmatched}; the models are {[name for name, *_ in MODELS]}")
+        ap.error(f"--models: no model matches {unmatched}; the models are {[name for name, *_ in models]}")
     rows = []
     for size in args.sizes:
-        for name, family, extra, recompute, budget in MODELS:
+        for name, family, extra, recompute, budget in models:
             if args.models and not any(chosen(name, m) for m in args.models):
                 continue
             try:

@@ -146,9 +146,9 @@ class TrainConfig:
     activation_memory_budget: float | None = None
     """With ``compile``: the fraction (0, 1] of the activations a compiled block may keep for its backward;
     below 1, inductor's partitioner recomputes the cheapest ops (norms, gates, token shift) instead of
-    saving their outputs (torch._functorch.config.activation_memory_budget). 0.8 put the 125M and 760M
-    FoX (Pro) under the default Transformer's peak memory at 1-3% of their speed (docs/performance.md).
-    None: torch's default."""
+    saving their outputs (torch._functorch.config.activation_memory_budget). Any budget from 0.8 to 0.97
+    put the 125M and 760M FoX (Pro) under the default Transformer's peak memory, at 0.4-0.7% (125M) and
+    1.6-2.3% (760M) of their speed on an H100 (docs/performance.md, session 19). None: torch's default."""
     gradient_checkpointing: bool = False
     recompute_projections: bool = False
     """Selective recomputation in FoX attention layers: keep only each layer's input and the attention's
