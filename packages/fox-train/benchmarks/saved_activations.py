@@ -28,6 +28,11 @@ FAMILIES = {"FoX (Pro)": "fox-pro", "FoX (LLaMA)": "fox-llama", "Transformer (Pr
             "Transformer (LLaMA)": "transformer-llama"}
 
 
+def _has_token_axis(shape, seq_len: int) -> bool:
+    """A T-long axis, or T + 1 (the token shift's concatenation)."""
+    return seq_len in shape or seq_len + 1 in shape
+
+
 def saved_tensors(family: str, size: str, seq_len: int, memory_budget: float | None = None):
     """(name, shape, dtype, bytes, op) of every tensor the compiled block's forward keeps for its backward
     (and its outputs), for one sequence of ``seq_len`` tokens under bf16 autocast."""
@@ -36,7 +41,7 @@ def saved_tensors(family: str, size: str, seq_len: int, memory_budget: float | N
     config = get_preset(f"{family}-{size}", num_hidden_layers=1)
     torch.manual_seed(0)
     block = AutoModelForCausalLM.from_config(config).model.layers[0]
-    if any(seq_len in p.shape or seq_len + 1 in p.shape for p in block.parameters()):
+    if any(_has_token_axis(p.shape, seq_len) for p in block.parameters()):
         raise ValueError(f"seq_len {seq_len} equals a weight dimension of {family}-{size}: pick another length")
     found = []
 
@@ -72,18 +77,20 @@ def main():
     ap.add_argument("--memory-budget", type=float, default=None, help="inductor's activation_memory_budget")
     ap.add_argument("--out", default="saved_activations.json")
     args = ap.parse_args()
+    if args.memory_budget is not None and not 0 < args.memory_budget <= 1:
+        ap.error(f"--memory-budget must be in (0, 1], got {args.memory_budget}")
+    if args.seq_len < 1:
+        ap.error(f"--seq-len must be positive, got {args.seq_len}")
     result = {}
     for name in args.models:
         config, rows = saved_tensors(FAMILIES[name], args.size, args.seq_len, args.memory_budget)
         unit = args.seq_len * config.hidden_size * 2
-        # a T-long axis (or T + 1: the token shift's concatenation); no weight has one (checked above)
-        per_token = lambda shape: args.seq_len in shape or args.seq_len + 1 in shape
-        acts = [r for r in rows if per_token(r[1])]
+        acts = [r for r in rows if _has_token_axis(r[1], args.seq_len)]  # no weight has one (checked)
         print(f"\n{name} ({args.size}, T={args.seq_len}): one unit = (T, hidden) in bf16 = {unit / 2**20:.2f} MiB")
         for r in acts:
             print(f"  {r[0]:28s} {str(r[1]):22s} {r[2]:9s} {r[3] / unit:6.2f}  {r[4]}")
         total = sum(r[3] for r in acts) / unit
-        weights = sum(r[3] for r in rows if not per_token(r[1])) / 2**20
+        weights = sum(r[3] for r in rows if not _has_token_axis(r[1], args.seq_len)) / 2**20
         print(f"  per-token tensors: {total:.2f} units (the block's input and output included); weights and "
               f"other T-independent tensors: {weights:.1f} MiB")
         result[name] = dict(units=total, weight_mib=weights, unit_bytes=unit,

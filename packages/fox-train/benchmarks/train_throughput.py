@@ -190,8 +190,8 @@ def main():
     args = ap.parse_args()
     if any(not 0 < b <= 1 for b in args.budgets):
         ap.error(f"--budgets: each budget must be in (0, 1], got {args.budgets}")
-    models = MODELS + [(f"FoX (Pro) + memory budget {b:g}", "fox-pro", {}, False, b) for b in args.budgets
-                       if not any(m[0] == f"FoX (Pro) + memory budget {b:g}" for m in MODELS)]
+    swept = {f"FoX (Pro) + memory budget {b:g}": b for b in args.budgets}  # a repeated budget runs once
+    models = MODELS + [(name, "fox-pro", {}, False, b) for name, b in swept.items() if name not in {m[0] for m in MODELS}]
     if args.trace and not args.profile:
         ap.error("--trace DIR writes the trace of the profiled step: add --profile N")
     def chosen(name, pattern):
