@@ -1,0 +1,38 @@
+"""Presets: the head sizes and baseline shapes of the official LongCrawl64 configs (FOX.md section 5)."""
+
+import pytest
+
+from fox_models.presets import PRESETS, get_preset
+
+
+@pytest.mark.parametrize("size,heads", [("125m", 12), ("360m", 16), ("760m", 12)])
+def test_transformers_use_head_dim_64_below_760m_and_128_at_760m(size, heads):
+    for family in ("transformer-llama", "transformer-pro"):
+        config = get_preset(f"{family}-{size}")
+        assert config.num_heads == heads
+        assert config.hidden_size // config.num_heads == (128 if size == "760m" else 64)
+    assert get_preset(f"fox-pro-{size}").hidden_size // get_preset(f"fox-pro-{size}").num_heads == 64
+
+
+@pytest.mark.parametrize("name,fields", [
+    ("mamba2-125m", dict(hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, state_size=128)),
+    ("mamba2-360m", dict(hidden_size=1024, num_hidden_layers=48, num_heads=32, head_dim=64, state_size=128)),
+    ("mamba2-760m", dict(hidden_size=1536, num_hidden_layers=48, num_heads=48, head_dim=64, state_size=128)),
+    ("hgrn2-125m", dict(hidden_size=768, num_hidden_layers=12, num_heads=6, expand_ratio=128)),
+    ("hgrn2-360m", dict(hidden_size=1024, num_hidden_layers=24, num_heads=8, expand_ratio=128)),
+    ("hgrn2-760m", dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, expand_ratio=128)),
+    ("delta_net-125m", dict(hidden_size=768, num_hidden_layers=12, num_heads=6)),
+    ("delta_net-360m", dict(hidden_size=1024, num_hidden_layers=24, num_heads=8)),
+    ("delta_net-760m", dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, conv_size=4)),
+])
+def test_baseline_presets_at_every_size(name, fields):
+    config = get_preset(name)
+    assert {k: getattr(config, k) for k in fields} == fields
+
+
+def test_every_family_has_every_size_and_unknown_names_are_named():
+    families = {name.rsplit("-", 1)[0] for name in PRESETS}
+    assert families == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "mamba2", "hgrn2", "delta_net"}
+    assert len(PRESETS) == 3 * len(families)
+    with pytest.raises(ValueError, match="unknown preset 'samba-760m'"):
+        get_preset("samba-760m")
