@@ -261,7 +261,7 @@ def test_pruning_from_qk_norm_weights_stays_close():
     exact.reset_fgate_bias()
     pruned = ForgettingAttentionLayer(HIDDEN, **kw, log_pruning_tolerance=-10.0)
     pruned.load_state_dict(exact.state_dict())
-    thr = pruned._pruning_threshold(200)
+    thr = pruned.pruning_threshold(200)
     assert thr.shape == (1, 4) and (thr < 0).all()
     x = _x(1, 200)
     _close(pruned(x)[0], exact(x)[0], tol=1e-3)

@@ -179,16 +179,20 @@ class ForgettingAttentionLayer(nn.Module):
             pos = pos - starts[None]
         return pos
 
-    def _pruning_threshold(self, T_k: int):
-        if self.log_pruning_tolerance is None:
+    def pruning_threshold(self, T_k: int, log_tolerance: float | None = None):
+        """The adaptive_threshold this layer passes to the kernel for ``T_k`` keys: None (no pruning),
+        "auto" (the kernel bounds the logits by the q/k norms) or a (1, H) tensor delta. ``log_tolerance``
+        replaces the layer's own ``log_pruning_tolerance`` (ln eps)."""
+        log_tolerance = self.log_pruning_tolerance if log_tolerance is None else log_tolerance
+        if log_tolerance is None:
             return None
         if not self.qk_norm:
-            return "auto" if self.log_pruning_tolerance == -10.0 else None
+            return "auto" if log_tolerance == -10.0 else None
         # |s q.k| <= s * ||q|| ||k|| <= sqrt(D) * max|w_q| * max|w_k| for RMS-normalised q and k.
         group = self.num_heads // self.num_kv_heads
         wk = self.k_norm.max_abs_weight().repeat_interleave(group)
         u = math.sqrt(self.head_dim) * self.q_norm.max_abs_weight() * wk
-        return (-(2 * u + math.log(max(T_k, 1))) + self.log_pruning_tolerance)[None]
+        return (-(2 * u + math.log(max(T_k, 1))) + log_tolerance)[None]
 
     def _input_linears(self, with_ogate: bool):
         """(name, Linear) of every projection of the layer's input, in the order of the fused matmul."""
@@ -295,7 +299,7 @@ class ForgettingAttentionLayer(nn.Module):
         if state is None or past == 0:
             o = forgetting_attention(
                 q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
-                adaptive_threshold=self._pruning_threshold(T),
+                adaptive_threshold=self.pruning_threshold(T),
             )
         if state is not None:
             state.k, state.v, state.c = append_to_cache(state.k, state.v, state.c, k, v, log_fgate, seq_start)

@@ -75,13 +75,19 @@ def pruning_fraction(cap: LayerCapture, block: int = 128, log_eps: float = LOG_E
     """Per head, the fraction of causal (query block, key block) tiles that pruning would skip.
 
     A tile left of the diagonal is skipped when its largest bias c_first_query - c_last_key is below
-    delta = -(2U + ln T) + ln eps, with U = max|q| max|k| s (FOX.md section 1).
+    delta = -(2U + ln T) + ln eps (FOX.md section 1), with the bound U the layer's kernel call uses: from
+    the QK-norm weights when the layer has QK-norm, else U = max|q| max|k| s.
     """
     q, k, lf = cap.q, cap.k, cap.log_fgate
     T, H, D = q.shape
     c = torch.cumsum(lf.double(), dim=0)  # (T, H)
-    u = q.norm(dim=-1).amax(0) * k.norm(dim=-1).amax(0) * D**-0.5
-    delta = -(2 * u.double() + math.log(T)) + log_eps
+    delta = cap.layer.pruning_threshold(T, log_eps)
+    if isinstance(delta, torch.Tensor):
+        delta = delta[0].detach().double().cpu()
+    else:
+        u = q.norm(dim=-1).amax(0) * k.norm(dim=-1).amax(0) * D**-0.5
+        delta = (-(2 * u.double() + math.log(T)) + log_eps).cpu()
+    c = c.cpu()
     nb = -(-T // block)
     skipped = torch.zeros(H, dtype=torch.float64)
     total = 0
