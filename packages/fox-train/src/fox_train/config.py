@@ -6,24 +6,33 @@ Groups: ``model`` (every preset of fox-models, plus tiny CPU models), ``data``, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, get_args, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 
-from fox_models.presets import PRESETS
+from fox_models.presets import PRESETS, get_preset
 
 
 @dataclass
 class ModelConfig:
     preset: str = "fox-pro-tiny"
-    """A fox-models preset (``fox-pro-760m``, ``transformer-llama-125m``...) or a tiny CPU model."""
+    """A fox-models preset (``fox-pro-760m``, ``transformer-llama-125m``, ``mamba2-360m``...), a tiny CPU model
+    (``fox-pro-tiny``...) or ``samba-760m`` (not implemented yet, issue #36). ``model=NAME`` selects one and
+    fills the fields below with its values; a field set here replaces the preset's."""
     hidden_size: int | None = None
-    """Fields below replace the preset's when set (None keeps the preset's value)."""
+    """The model's fields: set by ``model=NAME`` to the preset's values; None where the field does not belong
+    to that kind of model (setting such a field is an error)."""
     num_hidden_layers: int | None = None
     num_heads: int | None = None
+    """Attention heads; Mamba-2: SSM heads; SAMBA: the heads of its attention layers."""
     num_kv_heads: int | None = None
     hidden_ratio: float | None = None
+    """MLP width ratio (intermediate = 256 * ceil(int(hidden * ratio * 2/3) / 256))."""
+    use_rope: bool | None = None
+    rope_base: float | None = None
+    window_size: int | None = None
+    """Sliding-window attention over this many tokens (Transformer-SWA, SAMBA: 2048; issue #36)."""
     fgate_type: str | None = None
     """full | bias_only | fixed | none."""
     decay_time_min: float | None = None
@@ -34,11 +43,23 @@ class ModelConfig:
     use_output_norm: bool | None = None
     use_k_shift: bool | None = None
     use_v_shift: bool | None = None
-    use_rope: bool | None = None
     log_pruning_tolerance: float | None = None
     """Turn on adaptive computation pruning with this ln(eps) (the paper: -10)."""
+    head_dim: int | None = None
+    """Mamba-2: size of each SSM head."""
+    state_size: int | None = None
+    """Mamba-2 and SAMBA: SSM state size."""
+    expand: int | None = None
+    """Mamba-2 and SAMBA: inner width / hidden."""
+    expand_ratio: int | None = None
+    """HGRN2: forget-gate (key) size of each head; heads = hidden / expand_ratio."""
+    conv_size: int | None = None
+    """DeltaNet: short convolution width."""
     overrides: dict[str, Any] = field(default_factory=dict)
-    """Any other config field, added with a plus: ``+model.overrides.rope_base=10000``."""
+    """Any other config field, added with a plus: ``+model.overrides.norm_eps=1e-5``."""
+
+
+MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("preset", "overrides"))
 
 
 @dataclass
@@ -76,13 +97,25 @@ class OptimizerConfig:
     when training on GPUs. False: torch's default (foreach)."""
 
 
+SCHEDULES = ("warmup_cosine", "warmup_linear", "warmup_one_minus_sqrt", "constant")
+
+
 @dataclass
 class ScheduleConfig:
+    """The official trainer's learning-rate schedules, keyed on tokens seen (see fox_train.train.lr_at)."""
+
+    name: str = "warmup_cosine"
+    """warmup_cosine (linear warmup from 0, then cosine), warmup_linear (linear warmup, then linear decay),
+    warmup_one_minus_sqrt (linear warmup, constant, then ``1 - sqrt`` over the last ``anneal_tokens``) or
+    constant; ``schedule=NAME`` selects one."""
     warmup_tokens: int = 10_240
-    """Linear warmup length, in tokens."""
+    """Linear warmup length, in tokens (not used by constant)."""
     total_tokens: int = 245_760
-    """Training length in tokens; cosine decay to ``min_lr_ratio * lr`` at the end."""
+    """Training length in tokens; the decay reaches ``min_lr_ratio * lr`` here."""
+    anneal_tokens: int | None = None
+    """warmup_one_minus_sqrt only (required there): the length of the final decay, in tokens."""
     min_lr_ratio: float = 0.0
+    """The final learning rate as a fraction of ``optimizer.lr`` (the official end_value / peak_value)."""
 
 
 @dataclass
@@ -135,7 +168,13 @@ class TrainConfig:
     keep_every: int = 0
     """Also keep every checkpoint whose step is a multiple of this (0: none)."""
     resume: bool = False
-    """Continue from the newest complete checkpoint of ``run_name`` (the newest run if unset)."""
+    """Continue from the newest complete checkpoint of ``run_name`` (the newest run if unset): weights,
+    optimizer state and step."""
+    init_from: str | None = None
+    """Warm start (fork): begin this run at step 0 with a fresh optimizer from the model weights of another
+    run: a checkpoint directory (``outputs/<run>/checkpoints/step-XXXXXXXX``), a run directory (its newest
+    complete checkpoint) or a Hugging Face model directory. The architecture must match. With ``resume``,
+    a checkpoint of this run, once there is one, wins."""
     compile: bool = False
     """torch.compile each block."""
     compile_mode: str | None = None
@@ -171,23 +210,78 @@ TINY = {
 }
 
 
+# Models of the official configs that fox-models does not have yet: their fields, so the experiments
+# compose and print; training them stops with a message naming the missing piece. SAMBA: Mamba layers
+# (state 16, expand 2, MLP ratio 3) with sliding-window attention layers (MLP ratio 4) on the official
+# default layer pattern, RMSNorm eps 1e-5.
+PENDING = {
+    "samba-760m": (dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, window_size=2048, rope_base=500000.0,
+                        state_size=16, expand=2), "SAMBA (Mamba + sliding-window attention layers)"),
+}
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """The ModelConfig fields of a preset, as ``model=NAME`` fills them in."""
+    if name in PENDING and name not in PRESETS:
+        return dict(PENDING[name][0])
+    base, extra = TINY.get(name, (name, {}))
+    config = get_preset(base, **extra)
+    hints = get_type_hints(ModelConfig)
+    found = {}
+    for k in MODEL_FIELDS:
+        value = getattr(config, k, None)
+        kinds = tuple(t for t in get_args(hints[k]) if t is not type(None))
+        if float in kinds:
+            kinds += (int,)
+        # a field of the same name but another meaning (DeltaNet's qk_norm is "l2") is not ours to set
+        if value is not None and isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
+            found[k] = value
+    return found
+
+
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for name in (*PRESETS, *TINY):
-        cs.store(group="model", name=name, node=ModelConfig(preset=name))
+    for name in (*PRESETS, *TINY, *PENDING):
+        cs.store(group="model", name=name, node=ModelConfig(preset=name, **preset_fields(name)))
     for name in ("bundled", "tokens", "text", "longcrawl64", "hf"):
         cs.store(group="data", name=name, node=DataConfig(source=name))
     cs.store(group="optimizer", name="adamw", node=OptimizerConfig())
-    cs.store(group="schedule", name="warmup_cosine", node=ScheduleConfig())
+    for name in SCHEDULES:
+        cs.store(group="schedule", name=name, node=ScheduleConfig(name=name))
     for name in ("single", "ddp", "fsdp", "fsdp2"):
         cs.store(group="strategy", name=name, node=StrategyConfig(name=name))
 
 
-def model_config(cfg: ModelConfig):
-    """The fox-models config for a preset name (tiny presets included) with the overrides applied."""
-    from fox_models.presets import get_preset
+def check(cfg: TrainConfig) -> None:
+    """Errors a run would meet late, raised before it starts (ValueError naming the field)."""
+    s = cfg.schedule
+    if s.name not in SCHEDULES:
+        raise ValueError(f"schedule.name must be one of {SCHEDULES}, got {s.name!r}")
+    if s.name == "warmup_one_minus_sqrt":
+        if s.anneal_tokens is None or s.anneal_tokens <= 0:
+            raise ValueError(f"schedule.anneal_tokens must be a positive token count for warmup_one_minus_sqrt, "
+                             f"got {s.anneal_tokens}")
+        if s.warmup_tokens + s.anneal_tokens > s.total_tokens:
+            raise ValueError(f"schedule.warmup_tokens + schedule.anneal_tokens must not exceed schedule.total_tokens, "
+                             f"got {s.warmup_tokens} + {s.anneal_tokens} > {s.total_tokens}")
+    model_config(cfg.model)
 
+
+def model_config(cfg: ModelConfig):
+    """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied."""
+    if cfg.preset in PENDING and cfg.preset not in PRESETS:
+        raise ValueError(f"model {cfg.preset} needs {PENDING[cfg.preset][1]}, not implemented yet (issue #36)")
     base, extra = TINY.get(cfg.preset, (cfg.preset, {}))
-    fields = {k: v for k, v in vars(cfg).items() if k not in ("preset", "overrides") and v is not None}
-    return get_preset(base, **{**extra, **fields, **dict(cfg.overrides)})
+    config = get_preset(base, **extra)
+    given = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
+    for k in given:
+        if not hasattr(config, k):
+            raise ValueError(f"model.{k} is not a field of {cfg.preset} ({type(config).__name__})")
+    try:
+        return get_preset(base, **{**extra, **given, **dict(cfg.overrides)})
+    except ValueError as e:
+        if cfg.window_size is not None and "window_size" in str(e):
+            raise ValueError(f"model {cfg.preset} with window_size={cfg.window_size} needs sliding-window attention, "
+                             f"not implemented yet (issue #36)") from None
+        raise
