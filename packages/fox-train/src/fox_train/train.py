@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 import fox_models
 from fox_layers import GroupRMSNorm, RMSNorm
 from fox_train import checkpoint as ckpt
-from fox_train.config import TrainConfig, model_config
+from fox_train.config import SCHEDULES, TrainConfig, model_config
 from fox_train.data import (
     LongCrawl64Sequences,
     Sampler,
@@ -41,12 +41,29 @@ from fox_train.metrics import (
 
 
 def lr_at(tokens: int, cfg: TrainConfig) -> float:
-    """Linear warmup then cosine to min_lr_ratio * lr, keyed on tokens seen."""
+    """The learning rate of the step that begins after ``tokens`` training tokens: the official trainer's
+    schedules (``schedule.name``), keyed on tokens. The warmup rises linearly from 0 (the first step has lr 0)
+    to ``optimizer.lr`` at ``warmup_tokens``; the decays end at ``min_lr_ratio * lr``:
+    warmup_cosine: cosine from ``warmup_tokens`` to ``total_tokens``; warmup_linear: linear over the same span;
+    warmup_one_minus_sqrt: constant until the last ``anneal_tokens``, then ``lr - (lr - end) sqrt(t / anneal)``;
+    constant: ``optimizer.lr`` throughout."""
     s, peak = cfg.schedule, cfg.optimizer.lr
+    if s.name == "constant":
+        return peak
+    if s.name not in SCHEDULES:
+        raise ValueError(f"schedule.name must be one of {SCHEDULES}, got {s.name!r}")
     if tokens < s.warmup_tokens:
-        return peak * (tokens + 1) / s.warmup_tokens
+        return peak * tokens / s.warmup_tokens
+    end = peak * s.min_lr_ratio
+    if s.name == "warmup_one_minus_sqrt":
+        if s.anneal_tokens is None:
+            raise ValueError("schedule.anneal_tokens must be set for warmup_one_minus_sqrt")
+        since = min(max(tokens - (s.total_tokens - s.anneal_tokens), 0), s.anneal_tokens)
+        return peak - (peak - end) * math.sqrt(since / s.anneal_tokens)
     progress = min(1.0, (tokens - s.warmup_tokens) / max(1, s.total_tokens - s.warmup_tokens))
-    return peak * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    if s.name == "warmup_linear":
+        return peak - (peak - end) * progress
+    return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -300,6 +317,44 @@ def full_state_dict(fabric, model, strategy: str) -> dict | None:
     return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def init_weights_path(path: str) -> Path:
+    """The file holding the weights ``init_from`` names: a checkpoint directory's ``state.pt``, a run
+    directory's newest complete checkpoint or a Hugging Face directory's ``model.safetensors``."""
+    p = Path(path)
+    if (p / "state.pt").exists():
+        return p / "state.pt"
+    newest = ckpt.complete_checkpoints(p / "checkpoints")
+    if newest:
+        return newest[0] / "state.pt"
+    if (p / "model.safetensors").exists():
+        return p / "model.safetensors"
+    raise FileNotFoundError(f"init_from {path!r} is not a checkpoint directory (state.pt), a run directory with a "
+                            f"complete checkpoint or a Hugging Face directory (model.safetensors)")
+
+
+def load_init_weights(model: torch.nn.Module, path: str) -> Path:
+    """Warm start: copy the model weights of another run (see TrainConfig.init_from) into ``model``; the
+    optimizer, step and data position are not taken. Returns the file read."""
+    source = init_weights_path(path)
+    if source.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        weights = load_file(source)
+    else:
+        weights = torch.load(source, map_location="cpu", weights_only=True)["model"]
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # a shape differs
+        first = str(e).strip().splitlines()[-1].strip()
+        raise ValueError(f"init_from {path!r} does not fit model {model.config.model_type}: {first}") from None
+    # lm_head may be tied to the embeddings in a Hugging Face directory (saved once)
+    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise ValueError(f"init_from {path!r} does not fit model {model.config.model_type}: missing "
+                         f"{missing[:3]}, unexpected {unexpected[:3]}")
+    return source
+
+
 def train(cfg: TrainConfig) -> Path:
     """Run training; returns the run directory."""
     graphs = _check_compile(cfg)
@@ -330,6 +385,8 @@ def train(cfg: TrainConfig) -> Path:
     # another starting point (and a loss curve unlike the one-GPU run's).
     with torch.device("cpu"), fabric.strategy.precision.module_init_context():
         model = AutoModelForCausalLM.from_config(config)
+    if cfg.init_from:
+        fabric.print(f"warm start from {load_init_weights(model, cfg.init_from)} (model weights only, step 0)")
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if cfg.recompute_projections:
