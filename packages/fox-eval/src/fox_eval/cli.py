@@ -1,51 +1,58 @@
 """``fox-eval``: evaluations of FoX models.
 
     fox-eval per-token-loss --model DIR [DIR ...] --data tokens:PATH|text:PATH|zarr:PATH --seq-len N
+    fox-eval niah --model DIR --mode standard|easy [--haystack DIR] [--judge-url URL]
+    fox-eval harness --model DIR [DIR ...] --tasks paper|TASK [TASK ...] [--max-length 16384]
+    fox-eval longbench --model DIR [DIR ...] --data DIR [--tasks ...] [--prompts dataset2prompt.json]
     fox-eval generate --model DIR "prompt"
     fox-eval inspect --model DIR --text FILE [--layers 0 5] [--heads 0 1]
-    fox-eval niah --model DIR --mode standard|easy
-    fox-eval harness --model DIR [DIR ...] --tasks paper|TASK [TASK ...] [--include-path DIR]
-    fox-eval longbench --model DIR --data DIR [--tasks ...] [--prompts dataset2prompt.json]
+
+Offline by default: nothing is fetched from the Hugging Face Hub unless ``--online`` is given (or
+HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set to 0 in the environment).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 import torch
 
+from fox_eval.loading import resolve_device
 
-def _device(name: str) -> torch.device:
-    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _per_token_loss(args) -> None:
     import fox_models
     from fox_eval.data import load_sequences
-    from fox_eval.per_token_loss import check_model_dir, run
+    from fox_eval.loading import check_model_dir, model_labels
+    from fox_eval.per_token_loss import run
 
     for path in args.model:
         check_model_dir(path)
+    labels = model_labels(args.model, args.labels)
+    device = resolve_device(args.device)
     seqs = load_sequences(args.data, args.seq_len, args.limit, fox_models.JSONGPT2Tokenizer())
-    curves = run(args.model, seqs, Path(args.out), args.batch_size, _device(args.device), args.train_len)
+    curves = run(args.model, seqs, Path(args.out), args.batch_size, device, args.train_len, labels)
     for name, c in curves.items():
         print(f"{name}: mean loss {c.mean():.4f} over {len(seqs)} sequences of {seqs.shape[1]} tokens")
     print(f"wrote {args.out}/per_token_loss.{{json,npz,png,pdf}}")
 
 
 def _generate(args) -> None:
-    from transformers import AutoTokenizer
+    from fox_eval.loading import autocast, load_model, load_tokenizer
 
-    from fox_eval.per_token_loss import load_model
-
-    device = _device(args.device)
+    device = resolve_device(args.device)
     model = load_model(args.model, device)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    tok = load_tokenizer(args.model)
     ids = tok(args.prompt, return_tensors="pt")["input_ids"].to(device)
     kw = dict(do_sample=False) if args.temperature == 0 else dict(do_sample=True, temperature=args.temperature, top_p=args.top_p)
-    out = model.generate(ids, max_new_tokens=args.max_new_tokens, pad_token_id=tok.eos_token_id, **kw)
+    with autocast(device), torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)
     print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
 
 
@@ -53,12 +60,12 @@ def _inspect(args) -> None:
     import fox_models
     from fox_eval.data import load_sequences
     from fox_eval.inspect_cmd import run
-    from fox_eval.per_token_loss import load_model
+    from fox_eval.loading import load_model
     from fox_models.inspect import NoForgetGateError
 
     if (args.text is None) == (args.data is None):
         raise ValueError("pass exactly one of --text FILE and --data SPEC")
-    model = load_model(args.model, _device(args.device))
+    model = load_model(args.model, resolve_device(args.device))
     tok = fox_models.JSONGPT2Tokenizer()
     if args.text is not None:
         if not Path(args.text).exists():
@@ -78,80 +85,99 @@ def _inspect(args) -> None:
 
 
 def _niah(args) -> None:
-    import os
-
-    from transformers import AutoTokenizer
-
     from fox_eval import niah
-    from fox_eval.per_token_loss import load_model
+    from fox_eval.loading import check_model_dir, load_model, load_tokenizer
 
-    model = load_model(args.model, _device(args.device))
-    tok = AutoTokenizer.from_pretrained(args.model)
+    check_model_dir(args.model)
+    if args.haystack is not None:
+        niah.haystack_text(args.haystack)  # a missing or empty folder fails before the model loads
     judge = None
     if args.judge_url:
         judge = {"url": args.judge_url, "model": args.judge_model, "api_key": os.environ.get("FOX_EVAL_JUDGE_API_KEY")}
-    report = niah.run(model, tok, Path(args.out), args.mode, args.lengths, args.depths, args.max_new_tokens,
-                      args.limit, judge)
-    print(f"mean score {report['mean_score']:.2f} / 10 over {len(report['results'])} prompts -> {args.out}")
+    model = load_model(args.model, resolve_device(args.device))
+    report = niah.run(model, load_tokenizer(args.model), Path(args.out), args.mode, args.lengths, args.depths,
+                      args.max_new_tokens, args.limit, judge, args.haystack)
+    line = f"mean score {report['mean_score']:.2f} / 10 over {len(report['results'])} prompts"
+    if judge and report.get("mean_judge_score") is not None:
+        line += f", judge {report['mean_judge_score']:.2f} / 10"
+    print(f"{line} -> {args.out}")
 
 
 def _harness(args) -> None:
     from fox_eval import harness
-    from fox_eval.per_token_loss import check_model_dir
+    from fox_eval.loading import check_model_dir, model_labels
 
     for path in args.model:
         check_model_dir(path)
+    labels = model_labels(args.model, args.labels)
     if args.include_path and not Path(args.include_path).exists():
         raise FileNotFoundError(f"--include-path {args.include_path!r} does not exist")
     tasks = list(harness.PAPER_TASKS) if args.tasks == ["paper"] else args.tasks
-    device = str(_device(args.device))
-    _, md = harness.run(args.model, tasks, Path(args.out), args.include_path, args.limit, args.batch_size, device)
+    device = str(resolve_device(args.device))
+    _, md = harness.run(args.model, tasks, Path(args.out), args.include_path, args.limit, args.batch_size, device,
+                        args.max_length, labels)
     print(md)
 
 
 def _longbench(args) -> None:
     import json
 
-    from transformers import AutoTokenizer
-
     from fox_eval import longbench
-    from fox_eval.per_token_loss import check_model_dir, load_model
+    from fox_eval.loading import check_model_dir, model_labels
 
-    check_model_dir(args.model)
+    for path in args.model:
+        check_model_dir(path)
+    labels = model_labels(args.model, args.labels)
     if not Path(args.data).is_dir():
         raise FileNotFoundError(f"--data {args.data!r} is not a folder of LongBench <task>.jsonl files")
-    unknown = [t for t in args.tasks if t not in longbench.TASKS]
+    tasks = args.tasks or list(longbench.TASKS)
+    unknown = [t for t in tasks if t not in longbench.TASKS]
     if unknown:
         raise ValueError(f"--tasks: unknown LongBench tasks {unknown}; known: {longbench.TASKS}")
-    prompts = json.loads(Path(args.prompts).read_text()) if args.prompts else None
-    model = load_model(args.model, _device(args.device))
-    tok = AutoTokenizer.from_pretrained(args.model)
-    longbench.run(model, tok, Path(args.data), Path(args.out), args.tasks, args.budget, args.limit, prompts)
-    print((Path(args.out) / "longbench.md").read_text())
+    missing = [t for t in tasks if not (Path(args.data) / f"{t}.jsonl").exists()]
+    if missing:
+        raise FileNotFoundError(f"--data {args.data!r} has no {', '.join(f'{t}.jsonl' for t in missing)}")
+    prompts = None
+    if args.prompts:
+        if not Path(args.prompts).exists():
+            raise FileNotFoundError(f"--prompts {args.prompts!r} does not exist")
+        try:
+            prompts = json.loads(Path(args.prompts).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--prompts {args.prompts!r} is not valid JSON: {e}") from None
+    device = resolve_device(args.device)
+    _, md = longbench.run_models(args.model, Path(args.data), Path(args.out), tasks, args.budget, args.limit, prompts,
+                                 device, labels)
+    print(md)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--device", default="auto", help="auto (a GPU when there is one), cpu, cuda or cuda:N")
+    common.add_argument("--online", action="store_true",
+                        help="allow downloads from the Hugging Face Hub (default: offline, local files and caches)")
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("per-token-loss", help="L(i) over held-out sequences, with figures")
-    p.add_argument("--model", nargs="+", required=True, help="Hugging Face model directories")
+    models_help = "Hugging Face model folders; each is a row of the table"
+    labels_help = "a name per model for the tables (default: the folder's name, its parent's for RUN/hf)"
+    p = sub.add_parser("per-token-loss", parents=[common], help="L(i) over held-out sequences, with figures")
+    p.add_argument("--model", nargs="+", required=True, help="Hugging Face model folders; each is a curve")
+    p.add_argument("--labels", nargs="+", default=None, help=labels_help)
     p.add_argument("--data", required=True, help="tokens:PATH (.npy/.bin), text:PATH (file or folder) or zarr:PATH")
     p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--limit", type=int, default=None, help="at most this many sequences")
+    p.add_argument("--limit", type=int, default=None, help="at most this many sequences (>= 1)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--train-len", type=int, default=None, help="training context length, marked on the plot")
     p.add_argument("--out", default="eval/per_token_loss")
-    p.add_argument("--device", default="auto")
     p.set_defaults(func=_per_token_loss)
-    g = sub.add_parser("generate", help="continue a prompt")
+    g = sub.add_parser("generate", parents=[common], help="continue a prompt")
     g.add_argument("--model", required=True)
     g.add_argument("prompt")
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--device", default="auto")
     g.set_defaults(func=_generate)
-    i = sub.add_parser("inspect", help="forget gates, decay times, F / attention maps, pruning fractions")
+    i = sub.add_parser("inspect", parents=[common], help="forget gates, decay times, F / attention maps, pruning")
     i.add_argument("--model", required=True)
     i.add_argument("--text", help="a text file to run the model on")
     i.add_argument("--data", help="or held-out data: tokens:PATH, text:PATH or zarr:PATH (first sequence)")
@@ -160,51 +186,73 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--heads", type=int, nargs="*", default=None, help="heads to draw (default: all)")
     i.add_argument("--block", type=int, default=128, help="tile size for the pruning count")
     i.add_argument("--out", default="eval/inspect")
-    i.add_argument("--device", default="auto")
     i.set_defaults(func=_inspect)
-    n = sub.add_parser("niah", help="needle in a haystack, scored offline (optional LLM judge)")
+    n = sub.add_parser("niah", parents=[common], help="needle in a haystack, the paper's prompts, heat map")
     n.add_argument("--model", required=True)
     n.add_argument("--mode", choices=["standard", "easy"], default="standard")
-    n.add_argument("--lengths", type=int, nargs="*", default=None, help="default: linspace(1000, 32000, 11)")
-    n.add_argument("--depths", type=float, nargs="*", default=None, help="default: linspace(0, 100, 11)")
-    n.add_argument("--max-new-tokens", type=int, default=32)
+    n.add_argument("--haystack", default=None, help="a folder of .txt files (default: the bundled King James Bible)")
+    n.add_argument("--lengths", type=int, nargs="+", default=None, help="default: linspace(1000, 32000, 11)")
+    n.add_argument("--depths", type=float, nargs="+", default=None, help="percent; default: linspace(0, 100, 11)")
+    n.add_argument("--max-new-tokens", type=int, default=1024, help="greedy tokens per answer (official: 1024)")
     n.add_argument("--limit", type=int, default=None, help="only the first N (length, depth) cells")
     n.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL (key: $FOX_EVAL_JUDGE_API_KEY)")
-    n.add_argument("--judge-model", default="gpt-4o-mini")
+    n.add_argument("--judge-model", default="gpt-4o-2024-08-06", help="the paper's judge by default")
     n.add_argument("--out", default="eval/niah")
-    n.add_argument("--device", default="auto")
     n.set_defaults(func=_niah)
-    h = sub.add_parser("harness", help="lm-eval-harness tasks, with markdown and LaTeX tables")
-    h.add_argument("--model", nargs="+", required=True)
+    h = sub.add_parser("harness", parents=[common], help="lm-eval-harness tasks, one table across models")
+    h.add_argument("--model", nargs="+", required=True, help=models_help)
+    h.add_argument("--labels", nargs="+", default=None, help=labels_help)
     h.add_argument("--tasks", nargs="+", default=["paper"], help="'paper' (the 11 zero-shot tasks) or task names")
     h.add_argument("--include-path", default=None, help="a folder of local lm-eval task YAML files")
-    h.add_argument("--limit", type=float, default=None, help="examples per task (or a fraction)")
+    h.add_argument("--limit", type=float, default=None, help="examples per task (or a fraction below 1)")
     h.add_argument("--batch-size", type=int, default=1)
+    h.add_argument("--max-length", type=int, default=16384, help="longest context in tokens (the paper: 16384)")
     h.add_argument("--out", default="eval/harness")
-    h.add_argument("--device", default="auto")
     h.set_defaults(func=_harness)
-    lb = sub.add_parser("longbench", help="LongBench v1, the 14 English tasks")
-    lb.add_argument("--model", required=True)
+    lb = sub.add_parser("longbench", parents=[common], help="LongBench v1, the 14 English tasks, one table")
+    lb.add_argument("--model", nargs="+", required=True, help=models_help)
+    lb.add_argument("--labels", nargs="+", default=None, help=labels_help)
     lb.add_argument("--data", required=True, help="folder with LongBench <task>.jsonl files")
     lb.add_argument("--tasks", nargs="+", default=None, help="default: all 14")
     lb.add_argument("--prompts", default=None, help="LongBench's dataset2prompt.json (exact prompts)")
     lb.add_argument("--budget", type=int, default=15500, help="prompt tokens kept (middle truncation)")
     lb.add_argument("--limit", type=int, default=None, help="samples per task")
     lb.add_argument("--out", default="eval/longbench")
-    lb.add_argument("--device", default="auto")
     lb.set_defaults(func=_longbench)
     return ap
 
 
+# Integer options that must be >= 1 (a limit of 0 would average over nothing).
+POSITIVE = ("limit", "seq_len", "batch_size", "max_new_tokens", "max_length", "budget", "max_tokens", "block",
+            "train_len")
+
+
+def check_args(args) -> None:
+    """One line naming the option for a value no run can use."""
+    for name in POSITIVE:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if args.command == "harness" and name == "limit":
+            if not value > 0:
+                raise ValueError(f"--limit must be > 0 (examples per task, or a fraction below 1), got {value:g}")
+        elif value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def offline_first(online: bool) -> None:
+    """Hub and datasets offline unless ``--online`` (an explicit value in the environment wins)."""
+    for var in OFFLINE_VARIABLES:
+        os.environ.setdefault(var, "0" if online else "1")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if getattr(args, "func", None) is _longbench and args.tasks is None:
-        from fox_eval.longbench import TASKS
-
-        args.tasks = list(TASKS)
+    offline_first(args.online)
     try:
+        check_args(args)
         args.func(args)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+    except (OSError, ValueError, ImportError) as e:
         raise SystemExit(f"fox-eval: {e}") from None
 
 

@@ -12,6 +12,10 @@ EOT = 50256
 def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -> np.ndarray:
     """(N, seq_len) int64 sequences from ``tokens:PATH`` (.npy/.bin), ``text:PATH`` (.txt file or
     folder, JSON-GPT-2 tokenized, documents joined by EOT) or ``zarr:PATH`` (documents x length)."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    if seq_len < 1:
+        raise ValueError(f"--seq-len must be >= 1, got {seq_len}")
     kind, _, path = spec.partition(":")
     if not path:
         raise ValueError(f"--data must look like tokens:PATH, text:PATH or zarr:PATH, got {spec!r}")

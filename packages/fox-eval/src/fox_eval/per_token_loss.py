@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -9,62 +10,84 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fox_eval.loading import autocast, check_model_dir, load_model, model_fingerprint, model_labels, precision
+
 EOT = 50256
-
-
-def check_model_dir(path: str) -> None:
-    if not Path(path).exists():
-        raise FileNotFoundError(f"--model {path!r} does not exist")
-    if not (Path(path) / "config.json").exists():
-        raise FileNotFoundError(f"--model {path!r} is not a Hugging Face model directory (no config.json)")
-
-
-def load_model(path: str, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
-    import fox_models  # noqa: F401  (registers the FoX model types)
-
-    check_model_dir(path)
-    return AutoModelForCausalLM.from_pretrained(path).to(device).eval()
 
 
 @torch.no_grad()
 def sequence_losses(model, seqs: np.ndarray, batch_size: int, device: torch.device, bos: int = EOT, desc: str = ""):
     """Yields (start, per-token loss (b, T) float64) batch by batch; inputs are [BOS] + seq[:-1]."""
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     for s in tqdm(range(0, len(seqs), batch_size), desc=desc, unit="batch"):
         labels = torch.from_numpy(seqs[s : s + batch_size]).to(device)
         inputs = torch.roll(labels, 1, dims=1)
         inputs[:, 0] = bos
-        with autocast:
+        with autocast(device):
             loss = model(input_ids=inputs, labels=labels).loss
         yield s, loss.double().cpu().numpy()
 
 
-def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device: torch.device, train_len: int | None):
-    """Resumable: per-model sums are stored in ``out/<name>.npz`` after every batch."""
-    out.mkdir(parents=True, exist_ok=True)
+def _feed(h, seqs: np.ndarray):
+    """Hash the sequences as int64, in order (without a copy when they already are): equal prefixes give
+    equal digests however they were fed."""
+    h.update(np.ascontiguousarray(seqs, dtype=np.int64).data)
+    return h
+
+
+def _digest(seqs: np.ndarray):
+    return _feed(hashlib.blake2b(digest_size=16), seqs)
+
+
+def _resume(part: Path, key: str, seqs: np.ndarray) -> tuple[np.ndarray, int]:
+    """(sum of losses, sequences done) from a partial file written for the same model, precision, sequence
+    length and first sequences; else zeros."""
+    total = np.zeros(seqs.shape[1])
+    if not part.exists():
+        return total, 0
+    z = np.load(part)
+    done = int(z["done"])
+    if str(z["key"]) != key or z["total"].shape != total.shape or done > len(seqs):
+        return total, 0
+    if str(z["seqs_digest"]) != _digest(seqs[:done]).hexdigest():
+        return total, 0
+    return z["total"], done
+
+
+def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device: torch.device, train_len: int | None,
+        labels: list[str] | None = None) -> dict[str, np.ndarray]:
+    """L(i) of each model folder over ``seqs`` (N, T), keyed by label (see ``loading.model_labels``).
+
+    Resumable: each model's running sums go to ``out/partial/<fingerprint>.npz`` after every batch, with the
+    model's fingerprint (config and weights), the precision and a hash of the sequences done, so another model,
+    other data or a shorter ``--limit`` never reuses them."""
+    if len(seqs) < 1:
+        raise ValueError("per-token loss needs at least one sequence, got 0")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    names = model_labels(models, labels)
+    (out / "partial").mkdir(parents=True, exist_ok=True)
     curves = {}
-    for path in models:
-        name = Path(path).resolve().name
-        part = out / f"{name}.npz"
-        total, done = np.zeros(seqs.shape[1]), 0
-        if part.exists():
-            z = np.load(part)
-            if z["total"].shape == total.shape:
-                total, done = z["total"], int(z["done"])
+    for path, name in zip(models, names):
+        check_model_dir(path)
+        fingerprint = model_fingerprint(path)
+        key = f"{fingerprint}|{precision(device)}"
+        part = out / "partial" / f"{fingerprint[:32]}-{precision(device)}.npz"
+        total, done = _resume(part, key, seqs)
         if done < len(seqs):
             model = load_model(path, device)
+            digest = _digest(seqs[:done])
             for s, loss in sequence_losses(model, seqs[done:], batch_size, device, desc=name):
                 total += loss.sum(0)
-                np.savez(part, total=total, done=done + s + len(loss))
+                _feed(digest, seqs[done + s : done + s + len(loss)])
+                np.savez(part, total=total, done=done + s + len(loss), key=key, seqs_digest=digest.hexdigest())
             del model
         curves[name] = total / len(seqs)
     np.savez(out / "per_token_loss.npz", **curves)
-    summary = {name: {"mean": float(c.mean()), "first": float(c[0]), "last_10pct": float(c[-max(1, len(c) // 10):].mean())}
-               for name, c in curves.items()}
+    summary = {name: {"model": str(Path(path).resolve()), "mean": float(c.mean()), "first": float(c[0]),
+                      "last_10pct": float(c[-max(1, len(c) // 10):].mean())}
+               for (name, c), path in zip(curves.items(), models)}
     (out / "per_token_loss.json").write_text(json.dumps(
-        {"num_sequences": len(seqs), "seq_len": seqs.shape[1], "models": summary,
+        {"num_sequences": len(seqs), "seq_len": seqs.shape[1], "precision": precision(device), "models": summary,
          "per_token_loss": {k: v.tolist() for k, v in curves.items()}}, indent=1))
     plot(curves, out / "per_token_loss", train_len)
     return curves
