@@ -80,10 +80,12 @@ def test_three_output_types_match_direct_computation(setup):
 
 
 def test_tables_bold_the_best():
-    md, tex = harness.tables({"a": {"piqa": ("acc", 0.6), "wikitext": ("word_perplexity", 20.0)},
-                              "b": {"piqa": ("acc", 0.7), "wikitext": ("word_perplexity", 25.0)}})
+    picked = {name: harness.pick_metrics({"piqa": {"acc,none": acc}, "wikitext": {"word_perplexity,none": ppl}},
+                                         ["piqa", "wikitext"]) for name, acc, ppl in (("a", 0.6, 20.0), ("b", 0.7, 25.0))}
+    md, tex = harness.tables(picked, lower_is_better={"wikitext (word_perplexity)"})
+    assert md.startswith("| model | piqa (acc) | wikitext (word_perplexity) |")
     assert "| a | 60.00 | **20.00** |" in md and "| b | **70.00** | 25.00 |" in md
-    assert "\\textbf{70.00}" in tex and "\\textbf{20.00}" in tex
+    assert "\\textbf{70.00}" in tex and "\\textbf{20.00}" in tex and "\\underline{60.00}" in tex
 
 
 def test_cli_writes_tables(setup, capsys):
@@ -91,6 +93,6 @@ def test_cli_writes_tables(setup, capsys):
     main(["harness", "--model", str(d / "m"), "--tasks", "local_mc", "--include-path", str(d), "--out", str(d / "out"),
           "--device", "cpu"])
     assert (d / "out" / "results.md").read_text().startswith("| model | local_mc (acc) |")
-    assert (d / "out" / "results.tex").exists() and json.loads((d / "out" / "results.json").read_text())["picked"]
+    assert (d / "out" / "results.tex").exists() and json.loads((d / "out" / "results.json").read_text())["table"]
     with pytest.raises(SystemExit, match="--include-path '/no/tasks' does not exist"):
         main(["harness", "--model", str(d / "m"), "--tasks", "x", "--include-path", "/no/tasks"])

@@ -48,23 +48,69 @@ def test_truncate_middle():
     assert lb.truncate_middle(ids, 9) == [0, 1, 2, 3, 95, 96, 97, 98, 99]
 
 
-def test_command_end_to_end(tmp_path, capsys):
-    torch.manual_seed(0)
-    cfg = fox_models.ForgettingTransformerConfig(vocab_size=50257, hidden_size=32, num_hidden_layers=1, num_heads=2)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "m")
-    fox_models.JSONGPT2Tokenizer().save_pretrained(tmp_path / "m")
+def _model(path, seed, layers=1):
+    torch.manual_seed(seed)
+    cfg = fox_models.ForgettingTransformerConfig(vocab_size=50257, hidden_size=32, num_hidden_layers=layers, num_heads=2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    fox_models.JSONGPT2Tokenizer().save_pretrained(path)
+
+
+def _data(tmp_path):
     data = tmp_path / "lb"
     data.mkdir()
     (data / "hotpotqa.jsonl").write_text(json.dumps({"input": "Who?", "context": "Moses led the people. " * 50,
                                                      "answers": ["Moses"], "all_classes": None}))
     (data / "trec.jsonl").write_text(json.dumps({"input": "What city?", "context": "Question: Where? Type: Location",
                                                  "answers": ["Location"], "all_classes": ["Location", "Person"]}))
+    return data
+
+
+def test_command_end_to_end(tmp_path, capsys):
+    _model(tmp_path / "m", 0)
+    data = _data(tmp_path)
     main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "hotpotqa", "trec",
           "--budget", "64", "--out", str(tmp_path / "o")])
     res = json.loads((tmp_path / "o" / "longbench.json").read_text())
-    assert set(res) == {"hotpotqa", "trec", "average"} and 0 <= res["average"] <= 100
-    assert "| hotpotqa |" in capsys.readouterr().out
+    assert set(res["table"]["m"]) == {"hotpotqa", "trec", "average"} and 0 <= res["table"]["m"]["average"] <= 100
+    assert res["settings"]["budget"] == 64 and res["settings"]["precision"] == "float32"
+    assert "| model | hotpotqa | trec | average |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="has no qasper.jsonl"):
         main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "qasper"])
     with pytest.raises(SystemExit, match="unknown LongBench tasks"):
         main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "nope"])
+    (tmp_path / "p.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="--prompts .* is not valid JSON"):
+        main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "trec",
+              "--prompts", str(tmp_path / "p.json")])
+    for bad in ("0", "-2"):
+        with pytest.raises(SystemExit, match=f"--limit must be >= 1, got {bad}"):
+            main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--limit", bad])
+
+
+def test_several_models_make_one_table_with_each_models_own_scores(tmp_path, monkeypatch):
+    """Two run folders exported as RUN/hf: one row each, labelled by run, equal to each model's own run."""
+    for run, seed in (("run-a", 0), ("run-b", 1)):
+        _model(tmp_path / run / "hf", seed, layers=2)
+    data = _data(tmp_path)
+    # the trec class is named in the prompt, so the score depends on what each model generates
+    entered = []
+    real = lb.autocast
+    monkeypatch.setattr(lb, "autocast", lambda device: entered.append(str(device)) or real(device))
+    main(["longbench", "--model", str(tmp_path / "run-a" / "hf"), str(tmp_path / "run-b" / "hf"), "--data", str(data),
+          "--tasks", "trec", "hotpotqa", "--budget", "40", "--out", str(tmp_path / "both")])
+    assert entered and set(entered) == {"cpu"}  # every generation runs under the eval's autocast
+    both = json.loads((tmp_path / "both" / "longbench.json").read_text())["table"]
+    assert list(both) == ["run-a", "run-b"]
+    md = (tmp_path / "both" / "longbench.md").read_text().splitlines()
+    assert md[0] == "| model | trec | hotpotqa | average |" and md[2].startswith("| run-a |") and md[3].startswith("| run-b |")
+    assert (tmp_path / "both" / "longbench.tex").read_text().startswith("\\begin{tabular}{lrrr}")
+    for run in ("run-a", "run-b"):
+        main(["longbench", "--model", str(tmp_path / run / "hf"), "--data", str(data), "--tasks", "trec", "hotpotqa",
+              "--budget", "40", "--out", str(tmp_path / run / "alone"), "--labels", run])
+        alone = json.loads((tmp_path / run / "alone" / "longbench.json").read_text())["table"][run]
+        assert alone == both[run]
+        preds = [json.loads(x)["pred"] for x in (tmp_path / "both" / run / "hotpotqa.jsonl").read_text().splitlines()]
+        assert preds == [json.loads(x)["pred"] for x in
+                         (tmp_path / run / "alone" / run / "hotpotqa.jsonl").read_text().splitlines()]
+    a = (tmp_path / "both" / "run-a" / "hotpotqa.jsonl").read_text()
+    assert a != (tmp_path / "both" / "run-b" / "hotpotqa.jsonl").read_text()  # two models, two answers

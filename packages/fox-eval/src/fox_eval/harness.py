@@ -1,25 +1,34 @@
-"""lm-eval-harness through its Python API with our model object, and tables across models."""
+"""lm-eval-harness through its Python API with our model object, as the paper ran it (zero-shot, contexts up
+to 16384 tokens, BOS first, bf16 autocast on a GPU), and one table across models."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-# The paper's zero-shot tasks and the metric reported for each (FOX.md section 5).
-PAPER_TASKS = {
-    "wikitext": "word_perplexity,none",
-    "lambada_openai": "acc,none",
-    "piqa": "acc,none",
-    "hellaswag": "acc_norm,none",
-    "winogrande": "acc,none",
-    "arc_easy": "acc,none",
-    "arc_challenge": "acc_norm,none",
-    "copa": "acc,none",
-    "openbookqa": "acc_norm,none",
-    "sciq": "acc,none",
-    "boolq": "acc,none",
-}
-LOWER_IS_BETTER = ("perplexity",)
+import torch
+
+from fox_eval.loading import autocast, load_model, load_tokenizer, model_labels, precision
+from fox_eval.tables import tables
+
+# The paper's table: (task, metric) per column, in its order; the average is over the accuracies.
+PAPER_COLUMNS = [
+    ("wikitext", "word_perplexity,none"),
+    ("lambada_openai", "perplexity,none"),
+    ("lambada_openai", "acc,none"),
+    ("piqa", "acc,none"),
+    ("hellaswag", "acc_norm,none"),
+    ("winogrande", "acc,none"),
+    ("arc_easy", "acc,none"),
+    ("arc_challenge", "acc_norm,none"),
+    ("copa", "acc,none"),
+    ("openbookqa", "acc_norm,none"),
+    ("sciq", "acc,none"),
+    ("boolq", "acc,none"),
+]
+PAPER_TASKS = list(dict.fromkeys(task for task, _ in PAPER_COLUMNS))
+MAX_LENGTH = 16384
+AVERAGE = "average (acc)"
 
 
 def _fox_lm_class():
@@ -40,76 +49,64 @@ def _fox_lm_class():
 
 
 def evaluate(model, tokenizer, tasks: list[str], include_path: str | None = None, limit: float | None = None,
-             batch_size: int = 1, device: str = "cpu") -> dict:
-    """Run lm-eval tasks (names, or tasks defined in YAML files under ``include_path``)."""
+             batch_size: int = 1, device: str = "cpu", max_length: int = MAX_LENGTH) -> dict:
+    """Run lm-eval tasks zero-shot (names, or tasks defined in YAML files under ``include_path``); contexts
+    longer than ``max_length`` tokens are cut from the left by lm-eval."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    lm = _fox_lm_class()(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, device=device, add_bos_token=True,
-              max_length=getattr(model.config, "max_position_embeddings", 2048))
+    if max_length < 1:
+        raise ValueError(f"--max-length must be >= 1, got {max_length}")
+    lm = _fox_lm_class()(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+                         device=device, add_bos_token=True, max_length=max_length)
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
-    out = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, log_samples=False,
-                          bootstrap_iters=0)
+    with autocast(device), torch.no_grad():
+        out = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=0,
+                              log_samples=False, bootstrap_iters=0)
     return out["results"]
 
 
-def pick_metrics(results: dict, tasks: list[str]) -> dict[str, tuple[str, float]]:
-    """task -> (metric, value): the paper's metric where known, else the task's first numeric metric."""
+def _percent(metric: str) -> bool:
+    return not any(w in metric for w in ("perplexity", "bits", "bytes"))
+
+
+def pick_metrics(results: dict, tasks: list[str]) -> dict[str, float]:
+    """Column "task (metric)" -> value as printed: the paper's columns for its tasks (accuracies in percent),
+    the first numeric metric for any other task, and the average of the paper's accuracies when all are there."""
     picked = {}
     for task in tasks:
         res = results.get(task, {})
-        key = PAPER_TASKS.get(task)
-        if key not in res:
-            key = next((k for k, v in res.items() if "," in k and "stderr" not in k and isinstance(v, (int, float))), None)
-        if key is not None:
-            picked[task] = (key.split(",")[0], float(res[key]))
+        keys = [m for t, m in PAPER_COLUMNS if t == task and m in res]
+        if not keys:
+            keys = [next((k for k, v in res.items() if "," in k and "stderr" not in k and isinstance(v, (int, float))
+                          and not isinstance(v, bool)), None)]
+        for key in filter(None, keys):
+            metric, value = key.split(",")[0], float(res[key])
+            picked[f"{task} ({metric})"] = 100 * value if _percent(metric) and 0 <= value <= 1 else value
+    accs = [f"{t} ({m.split(',')[0]})" for t, m in PAPER_COLUMNS if m.startswith("acc")]
+    if all(c in picked for c in accs):
+        picked[AVERAGE] = sum(picked[c] for c in accs) / len(accs)
     return picked
 
 
-def tables(per_model: dict[str, dict[str, tuple[str, float]]]) -> tuple[str, str]:
-    """Markdown and LaTeX tables (models x tasks), the best value per task in bold."""
-    tasks = sorted({t for m in per_model.values() for t in m})
-    best = {}
-    for t in tasks:
-        vals = [(m[t][1], m[t][0]) for m in per_model.values() if t in m]
-        lower = any(w in vals[0][1] for w in LOWER_IS_BETTER)
-        best[t] = (min if lower else max)(v for v, _ in vals)
-    header = ["model", *(f"{t} ({next(m[t][0] for m in per_model.values() if t in m)})" for t in tasks)]
-
-    def cell(m, t, bold):
-        if t not in m:
-            return "-"
-        v = m[t][1]
-        text = f"{v:.2f}" if v > 1.5 else f"{100 * v:.2f}"
-        return bold(text) if v == best[t] else text
-
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    tex = ["\\begin{tabular}{l" + "r" * len(tasks) + "}", " & ".join(h.replace("_", "\\_") for h in header) + " \\\\",
-           "\\hline"]
-    for name, m in per_model.items():
-        md.append("| " + " | ".join([name, *(cell(m, t, lambda s: f"**{s}**") for t in tasks)]) + " |")
-        tex.append(" & ".join([name.replace("_", "\\_"), *(cell(m, t, lambda s: f"\\textbf{{{s}}}") for t in tasks)]) + " \\\\")
-    tex.append("\\end{tabular}")
-    return "\n".join(md) + "\n", "\n".join(tex) + "\n"
-
-
-def run(models: list[str], tasks: list[str], out: Path, include_path: str | None, limit, batch_size: int, device: str):
-    from transformers import AutoTokenizer
-
-    from fox_eval.per_token_loss import load_model
-
+def run(models: list[str], tasks: list[str], out: Path, include_path: str | None, limit, batch_size: int,
+        device: str, max_length: int = MAX_LENGTH, labels: list[str] | None = None):
+    """Evaluate each model folder; write results.json (raw lm-eval results and the table's values per model)
+    and results.md / results.tex (models x tasks). Returns (values per model, markdown)."""
+    names = model_labels(models, labels)
     out.mkdir(parents=True, exist_ok=True)
     per_model, raw = {}, {}
-    for path in models:
-        import torch
-
+    for path, name in zip(models, names):
         model = load_model(path, torch.device(device))
-        tok = AutoTokenizer.from_pretrained(path)
-        name = Path(path).resolve().name
-        raw[name] = evaluate(model, tok, tasks, include_path, limit, batch_size, device)
+        raw[name] = evaluate(model, load_tokenizer(path), tasks, include_path, limit, batch_size, device, max_length)
         per_model[name] = pick_metrics(raw[name], tasks)
-    (out / "results.json").write_text(json.dumps({"raw": raw, "picked": per_model}, indent=1, default=str))
-    md, tex = tables(per_model)
+        del model
+    lower = {c for m in per_model.values() for c in m if "perplexity" in c}
+    md, tex = tables(per_model, lower_is_better=lower)
+    settings = {"tasks": tasks, "limit": limit, "max_length": max_length, "num_fewshot": 0,
+                "precision": precision(device), "models": {n: str(Path(p).resolve()) for n, p in zip(names, models)}}
+    (out / "results.json").write_text(json.dumps({"settings": settings, "table": per_model, "raw": raw}, indent=1,
+                                                 default=str))
     (out / "results.md").write_text(md)
     (out / "results.tex").write_text(tex)
     return per_model, md

@@ -1,5 +1,6 @@
 """LongBench (v1), the 14 English tasks of the paper: prompts truncated in the middle to a token budget,
-greedy generation with per-task lengths, and the standard metrics.
+greedy generation with per-task lengths (bf16 autocast on a GPU), the standard metrics, and one table across
+models.
 
 Data: a folder with ``<task>.jsonl`` files in LongBench's format (``input``, ``context``, ``answers``,
 ``all_classes``). Prompts: LongBench's ``dataset2prompt.json`` when given (``--prompts``, needed for
@@ -18,6 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from fox_eval.loading import autocast, load_model, load_tokenizer, model_labels, precision
+from fox_eval.tables import tables
 
 TASKS = ["narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique", "gov_report", "qmsum",
          "multi_news", "trec", "triviaqa", "samsum", "lcc", "repobench-p"]
@@ -113,6 +117,7 @@ def truncate_middle(ids: list[int], budget: int) -> list[int]:
 @torch.no_grad()
 def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: int = 15500, limit: int | None = None,
         prompts: dict | None = None) -> dict:
+    """One model: task -> score (0-100) and their average; predictions in ``out/<task>.jsonl``."""
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for task in tasks:
@@ -126,8 +131,10 @@ def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: i
             prompt = template.format(context=row.get("context", ""), input=row.get("input", ""))
             ids = truncate_middle(tokenizer(prompt)["input_ids"], budget)
             x = torch.tensor([ids], device=model.device)
-            gen = model.generate(x, max_new_tokens=MAX_NEW_TOKENS[task], do_sample=False,
-                                 pad_token_id=tokenizer.eos_token_id)
+            with autocast(model.device):
+                gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW_TOKENS[task],
+                                     do_sample=False, num_beams=1, eos_token_id=tokenizer.eos_token_id,
+                                     pad_token_id=tokenizer.eos_token_id)
             pred = tokenizer.decode(gen[0, len(ids):], skip_special_tokens=True)
             preds.append(pred)
             scores.append(score(task, pred, row["answers"], row.get("all_classes")))
@@ -139,3 +146,23 @@ def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: i
     md = "| task | score |\n|---|---|\n" + "".join(f"| {k} | {v:.2f} |\n" for k, v in results.items())
     (out / "longbench.md").write_text(md)
     return results
+
+
+def run_models(models: list[str], data_dir: Path, out: Path, tasks: list[str], budget: int = 15500,
+               limit: int | None = None, prompts: dict | None = None, device: torch.device | str = "cpu",
+               labels: list[str] | None = None) -> tuple[dict[str, dict[str, float]], str]:
+    """Each model folder in turn (its predictions under ``out/<label>/``), then longbench.json and
+    longbench.md / longbench.tex with one row per model and one column per task, as the paper's table."""
+    names = model_labels(models, labels)
+    per_model = {}
+    for path, name in zip(models, names):
+        model = load_model(path, torch.device(device))
+        per_model[name] = run(model, load_tokenizer(path), data_dir, out / name, tasks, budget, limit, prompts)
+        del model
+    md, tex = tables(per_model, [*tasks, "average"])
+    settings = {"tasks": tasks, "budget": budget, "limit": limit, "prompts": "LongBench" if prompts else "fox-eval",
+                "precision": precision(device), "models": {n: str(Path(p).resolve()) for n, p in zip(names, models)}}
+    (out / "longbench.json").write_text(json.dumps({"settings": settings, "table": per_model}, indent=1))
+    (out / "longbench.md").write_text(md)
+    (out / "longbench.tex").write_text(tex)
+    return per_model, md
