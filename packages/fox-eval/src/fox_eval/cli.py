@@ -253,7 +253,10 @@ def main(argv: list[str] | None = None) -> None:
         check_args(args)
         args.func(args)
     except (OSError, ValueError, ImportError) as e:
-        raise SystemExit(f"fox-eval: {e}") from None
+        hint = ""
+        if isinstance(e, ConnectionError) and not args.online:
+            hint = " (fox-eval runs offline: --online lets it download)"
+        raise SystemExit(f"fox-eval: {e}{hint}") from None
 
 
 if __name__ == "__main__":
