@@ -1,35 +1,104 @@
-"""``fox-train``: train (default), ``tokenize`` text ahead of time, ``export`` a checkpoint.
+"""``fox-train``: a Hydra application that trains (default), plus ``tokenize`` and ``export`` subcommands.
 
     fox-train [key=value ...]              e.g. fox-train model=fox-pro-125m data=text data.path=corpus/
-    fox-train experiment=longcrawl64/fox_pro_760m_48b data.path=... data.heldout_path=...
+    fox-train experiment=longcrawl64/forgetting_transformer/pro_760m_48b data.path=... data.heldout_path=...
+    fox-train -m optimizer.lr=5e-4,1e-3,2e-3   a sweep (Hydra multirun: one run directory per job)
+    fox-train ... --cfg job                the composed config as YAML, without training
+    fox-train --help                       config groups, options and every field
     fox-train tokenize INPUT OUTPUT.npy    text file/folder -> uint16 token file
     fox-train export CHECKPOINT_DIR OUT    any checkpoint -> Hugging Face directory
+
+Errors in the command line or the configuration end the program with one line ``fox-train: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 import sys
+from datetime import datetime
 from pathlib import Path
 
+import hydra
 import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from fox_train.config import DataConfig, ModelConfig, TrainConfig, check, register
 
 
-def compose(overrides: list[str]):
-    """The resolved TrainConfig for command-line overrides (unknown keys raise)."""
+class RunError(Exception):
+    """A run stopped by its input (a missing file, a bad value); the message is one line for the user."""
+
+
+def compose(overrides: list[str]) -> TrainConfig:
+    """The resolved TrainConfig for command-line overrides (unknown keys raise), without running anything."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    from fox_train.config import TrainConfig, register
 
     register()
     GlobalHydra.instance().clear()
     with initialize_config_module("fox_train.conf", version_base=None):
         cfg = hydra_compose("config", overrides=overrides)
+    return _train_config(cfg)
+
+
+def _train_config(cfg: DictConfig) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+
+
+def _run_dir(out_dir: str, run_name: str | None, preset: str, source: str, resume: bool) -> str:
+    """hydra.run.dir: ``out_dir/run_name``, else ``out_dir/<preset>-<source>-<time>`` (with ``resume``, the
+    newest such run), as fox_train.train.resolve_run_dir decides."""
+    from fox_train.train import resolve_run_dir
+
+    cfg = TrainConfig(out_dir=out_dir, run_name=run_name, resume=resume, model=ModelConfig(preset=preset),
+                      data=DataConfig(source=source))
+    return str(resolve_run_dir(cfg))
+
+
+def _sweep_dir(out_dir: str, run_name: str | None) -> str:
+    """hydra.sweep.dir: ``out_dir/run_name``, else ``out_dir/multirun-<time>``; each job runs in a numbered
+    directory below it."""
+    return str(Path(out_dir) / (run_name or f"multirun-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
+
+
+def _register_resolvers() -> None:
+    for name, fn in (("fox_run_dir", _run_dir), ("fox_sweep_dir", _sweep_dir)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn, use_cache=True)
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def _app(dict_cfg: DictConfig) -> str:
+    """One job: train in the run directory Hydra made for it (hydra.run.dir, or a sweep job's directory)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    cfg = _train_config(dict_cfg)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    out = Path(cfg.out_dir).resolve()
+    if run_dir.is_relative_to(out):
+        cfg.run_name = str(run_dir.relative_to(out))
+    else:  # hydra.run.dir / hydra.sweep.dir set outside out_dir
+        cfg.out_dir, cfg.run_name = str(run_dir.parent), run_dir.name
+    from fox_train.train import train
+
+    try:
+        check(cfg)
+        done = train(cfg)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        raise RunError(str(e)) from None
+    print(f"done: {done}")
+    return str(done)
+
+
+def _one_line(e: BaseException) -> str:
+    parts = [str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__]
+    cause = e.__cause__
+    if cause is not None and str(cause).strip():
+        parts.append(str(cause).strip().splitlines()[0])
+    return ": ".join(parts)
 
 
 def _tokenize(args) -> None:
@@ -65,7 +134,7 @@ def _keep_freed_memory() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     _keep_freed_memory()
     if argv and argv[0] in ("tokenize", "export"):
         ap = argparse.ArgumentParser(prog=f"fox-train {argv[0]}")
@@ -78,24 +147,29 @@ def main(argv: list[str] | None = None) -> None:
             ap.add_argument("output", help="directory for the Hugging Face model")
             _export(ap.parse_args(argv[1:]))
         return
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        return
-    from hydra.errors import ConfigCompositionException
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    register()
+    _register_resolvers()
+    GlobalHydra.instance().clear()
+    saved_argv, saved_full_error = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    sys.argv = ["fox-train", *argv]  # Hydra's own parser reads sys.argv
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises errors (instead of printing them) for the lines below
     try:
-        cfg = compose(argv)
-    except (ConfigCompositionException, OmegaConfBaseException) as e:
-        cause = e.__cause__ or e
-        raise SystemExit(f"fox-train: bad configuration: {cause}") from None
-    from fox_train.train import train
-
-    try:
-        run_dir = train(cfg)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+        _app()
+    except RunError as e:
         raise SystemExit(f"fox-train: {e}") from None
-    print(f"done: {run_dir}")
+    except (HydraException, OmegaConfBaseException) as e:
+        raise SystemExit(f"fox-train: bad configuration: {_one_line(e)}") from None
+    finally:
+        sys.argv = saved_argv
+        if saved_full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_full_error
+        GlobalHydra.instance().clear()
 
 
 if __name__ == "__main__":
