@@ -250,3 +250,66 @@ def test_zarr_data(tmp_path):
     arr[:] = np.arange(400, dtype=np.uint16).reshape(4, 100)
     seqs = load_sequences(f"zarr:{tmp_path / 'h.zarr'}", 60, 3)
     assert seqs.shape == (3, 60) and seqs[2, 0] == 200 and seqs[2, -1] == 259
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_crafted_pickle_weights_run_nothing(tmp_path, held):
+    """A pytorch_model.bin that would create a file when unpickled: refused in one line, nothing created."""
+    import pickle
+
+    data, _ = held
+    path = _broken(tmp_path, "evil", "no-weights")
+    marker = tmp_path / "ran"
+    (path / "pytorch_model.bin").write_bytes(pickle.dumps({"model.norm.weight": _RunsCode(marker)}, protocol=2))
+    with pytest.raises(SystemExit) as e:
+        main(["per-token-loss", "--model", str(path), "--data", data, "--seq-len", str(SEQ), "--out", str(tmp_path / "o"),
+              "--device", "cpu"])
+    assert str(e.value).startswith(f"fox-eval: --model '{path}' cannot be loaded") and "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_token_files_that_cannot_be_token_ids_are_refused(tmp_path, tiny_model):
+    path, _ = tiny_model
+    args = ["per-token-loss", "--model", str(path), "--seq-len", "8", "--out", str(tmp_path / "o"), "--device", "cpu"]
+    np.save(tmp_path / "f.npy", np.zeros(64, dtype=np.float32))
+    with pytest.raises(SystemExit, match=r"must hold a 1-D array of integer token ids, got float32 of shape \(64,\)"):
+        main([*args, "--data", f"tokens:{tmp_path / 'f.npy'}"])
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}] * 8, dtype=object), allow_pickle=True)
+    with pytest.raises(SystemExit, match="is not a readable token file"):
+        main([*args, "--data", f"tokens:{tmp_path / 'o.npy'}"])
+    np.save(tmp_path / "big.npy", np.full(64, 60000, dtype=np.uint16))
+    with pytest.raises(SystemExit, match=r"--data holds token id 60000, outside the vocabulary of --model .* \(ids 0..50256\)"):
+        main([*args, "--data", f"tokens:{tmp_path / 'big.npy'}"])
+
+
+def test_interrupted_run_resumes_and_leaves_no_temporary_files(tmp_path, tiny_model, held, monkeypatch):
+    path, model = tiny_model
+    data, seqs = held
+    real = ptl.sequence_losses
+
+    def stop_after_one_batch(*a, **k):
+        for i, item in enumerate(real(*a, **k)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(ptl, "sequence_losses", stop_after_one_batch)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        _ptl([path], data, out, "--batch-size", "2")
+    assert e.value.code == 130
+    (part,) = (out / "partial").glob("*.npz")
+    assert int(np.load(part)["done"]) == 2
+    monkeypatch.setattr(ptl, "sequence_losses", real)
+    np.testing.assert_allclose(_ptl([path], data, out, "--batch-size", "2")["m"], _direct(model, seqs), rtol=1e-5)
+    assert [f.name for f in (out / "partial").iterdir()] == [part.name]
+    # a partial file cut short by a crash is not trusted: the run starts again
+    part.write_bytes(part.read_bytes()[:40])
+    np.testing.assert_allclose(_ptl([path], data, out)["m"], _direct(model, seqs), rtol=1e-5)

@@ -257,6 +257,10 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(e, ConnectionError) and not args.online:
             hint = " (fox-eval runs offline: --online lets it download)"
         raise SystemExit(f"fox-eval: {e}{hint}") from None
+    except KeyboardInterrupt:
+        # per-token-loss keeps its sums after every batch: the same command with the same --out resumes
+        print(f"fox-eval {args.command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -35,7 +35,13 @@ def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -
     if kind == "tokens":
         if p.is_dir():
             raise ValueError(f"--data tokens:{path} must be a .npy or .bin file, not a directory")
-        stream = np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, dtype=np.uint16, mode="r")
+        try:
+            stream = np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, dtype=np.uint16, mode="r")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--data {spec!r} is not a readable token file: {e}") from None
+        if stream.ndim != 1 or not np.issubdtype(stream.dtype, np.integer):
+            raise ValueError(f"--data {spec!r} must hold a 1-D array of integer token ids, got {stream.dtype} "
+                             f"of shape {stream.shape}")
     elif kind == "text":
         files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
         docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import pickle
 from pathlib import Path
 
 import torch
@@ -54,7 +55,8 @@ def _first_line(e: BaseException) -> str:
 
 def load_model(path: str, device: torch.device):
     """The model in ``path`` (float32) on ``device``, in eval mode. A bad config, missing or corrupt
-    weights raise one ValueError naming the folder."""
+    weights raise one ValueError naming the folder; pickled weights are read with torch's weights-only
+    loader (transformers' default), so a crafted file runs no code and is refused the same way."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
@@ -63,7 +65,7 @@ def load_model(path: str, device: torch.device):
     check_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path)
-    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as e:
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError, pickle.UnpicklingError) as e:
         raise ValueError(f"--model {path!r} cannot be loaded: {_first_line(e)}") from None
     return model.to(device).eval()
 

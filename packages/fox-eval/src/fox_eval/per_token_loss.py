@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -42,15 +44,21 @@ def _resume(part: Path, key: str, seqs: np.ndarray) -> tuple[np.ndarray, int]:
     """(sum of losses, sequences done) from a partial file written for the same model, precision, sequence
     length and first sequences; else zeros."""
     total = np.zeros(seqs.shape[1])
-    if not part.exists():
+    try:
+        with np.load(part) as z:
+            key_, seen, done, digest = str(z["key"]), z["total"], int(z["done"]), str(z["seqs_digest"])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # none yet, or not one of ours
         return total, 0
-    z = np.load(part)
-    done = int(z["done"])
-    if str(z["key"]) != key or z["total"].shape != total.shape or done > len(seqs):
+    if key_ != key or seen.shape != total.shape or done > len(seqs) or digest != _digest(seqs[:done]).hexdigest():
         return total, 0
-    if str(z["seqs_digest"]) != _digest(seqs[:done]).hexdigest():
-        return total, 0
-    return z["total"], done
+    return seen, done
+
+
+def _save_partial(part: Path, **arrays) -> None:
+    """Write beside the file, then rename: a run killed mid-write leaves the previous partial sums whole."""
+    tmp = part.with_name(part.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, part)
 
 
 def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device: torch.device, train_len: int | None,
@@ -75,11 +83,16 @@ def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device:
         total, done = _resume(part, key, seqs)
         if done < len(seqs):
             model = load_model(path, device)
+            vocab = model.config.vocab_size
+            if seqs.min() < 0 or seqs.max() >= vocab:
+                bad = int(seqs.min()) if seqs.min() < 0 else int(seqs.max())
+                raise ValueError(f"--data holds token id {bad}, outside the vocabulary of --model {path!r} "
+                                 f"(ids 0..{vocab - 1})")
             digest = _digest(seqs[:done])
             for s, loss in sequence_losses(model, seqs[done:], batch_size, device, desc=name):
                 total += loss.sum(0)
                 _feed(digest, seqs[done + s : done + s + len(loss)])
-                np.savez(part, total=total, done=done + s + len(loss), key=key, seqs_digest=digest.hexdigest())
+                _save_partial(part, total=total, done=done + s + len(loss), key=key, seqs_digest=digest.hexdigest())
             del model
         curves[name] = total / len(seqs)
     np.savez(out / "per_token_loss.npz", **curves)
