@@ -106,7 +106,7 @@ def gate_statistics(model, input_ids: torch.Tensor, block: int = 128) -> list[li
     out = []
     for cap in capture(model, input_ids):
         f = cap.log_fgate.exp()
-        qs = torch.quantile(f.double(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64), dim=0)
+        qs = torch.quantile(f.double(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64, device=f.device), dim=0)
         times, pruned = decay_time(cap.log_fgate), pruning_fraction(cap, block)
         out.append([
             {"mean_log_f": float(cap.log_fgate[:, h].mean()), "decay_time": float(times[h]),
