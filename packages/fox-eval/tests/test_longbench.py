@@ -37,7 +37,11 @@ def test_classification_by_hand():
 def test_code_sim_and_first_line_rules():
     assert lb.code_sim("# comment\nx = foo(1)\ny", "x = foo(1)") == 1.0
     assert lb.code_sim("x = foo(2)", "x = foo(1)") == pytest.approx(0.9)  # difflib: 2*9/20
+    assert lb.code_sim("x = 1  # one\ny = 2", "y = 2") == 1.0  # a line with # anywhere is skipped
+    # every task is scored on the answer's first line, as the paper's scorer does
     assert lb.score("triviaqa", "Paris\nand more text", ["Paris"]) == 1.0
+    assert lb.score("gov_report", "\nthe cat sat\non the mat", ["the cat sat on the mat"]) == pytest.approx(2 * 0.5 / 1.5)
+    assert lb.score("lcc", "# comment\nx = foo(1)", ["x = foo(1)"]) == 0.0
     assert lb.score("narrativeqa", "a dog", ["the cat", "a dog"]) == 1.0
 
 

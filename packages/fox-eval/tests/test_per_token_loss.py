@@ -70,6 +70,9 @@ def test_per_token_loss_equals_direct_computation(tmp_path, tiny_model, held, mo
     summary = json.loads((out / "per_token_loss.json").read_text())
     assert summary["num_sequences"] == 5 and abs(summary["models"]["m"]["mean"] - direct.mean()) < 1e-5
     assert summary["precision"] == "float32" and summary["models"]["m"]["model"] == str(path.resolve())
+    assert summary["models"]["m"]["prefix_mean"] == {str(SEQ): pytest.approx(direct.mean(), rel=1e-6)}
+    curve = np.arange(2048.0)
+    assert ptl.prefix_means(curve) == {"2048": 1023.5, "1024": 511.5, "512": 255.5}
     for ext in ("png", "pdf"):
         assert (out / f"per_token_loss.{ext}").stat().st_size > 1000
     # A finished run resumes without recomputing (the partial sums say all sequences are done).

@@ -97,13 +97,22 @@ def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device:
         curves[name] = total / len(seqs)
     np.savez(out / "per_token_loss.npz", **curves)
     summary = {name: {"model": str(Path(path).resolve()), "mean": float(c.mean()), "first": float(c[0]),
-                      "last_10pct": float(c[-max(1, len(c) // 10):].mean())}
+                      "last_10pct": float(c[-max(1, len(c) // 10):].mean()), "prefix_mean": prefix_means(c)}
                for (name, c), path in zip(curves.items(), models)}
     (out / "per_token_loss.json").write_text(json.dumps(
         {"num_sequences": len(seqs), "seq_len": seqs.shape[1], "precision": precision(device), "models": summary,
          "per_token_loss": {k: v.tolist() for k, v in curves.items()}}, indent=1))
     plot(curves, out / "per_token_loss", train_len)
     return curves
+
+
+def prefix_means(curve: np.ndarray, shortest: int = 512) -> dict[str, float]:
+    """Mean of L(i) over the first T, T/2, T/4, ... positions down to ``shortest`` (the official summary)."""
+    out, length = {}, len(curve)
+    while length >= min(shortest, len(curve)) and length > 0:
+        out[str(length)] = float(curve[:length].mean())
+        length //= 2
+    return out
 
 
 def plot(curves: dict[str, np.ndarray], stem: Path, train_len: int | None) -> None:
