@@ -45,6 +45,13 @@ def test_code_sim_and_first_line_rules():
     assert lb.score("narrativeqa", "a dog", ["the cat", "a dog"]) == 1.0
 
 
+def test_longbench_prompts_by_default():
+    assert list(lb.PROMPTS) == lb.TASKS and all("{context}" in p for p in lb.PROMPTS.values())
+    assert lb.PROMPTS["lcc"].format(context="x = 1\n", input="") == "Please complete the code given below. \nx = 1\nNext line of code:\n"
+    assert lb.PROMPTS["trec"].format(context="Q: a\nType: b", input="Q: c") == (
+        "Please determine the type of the question below. Here are some examples of questions.\n\nQ: a\nType: b\nQ: c")
+
+
 def test_truncate_middle():
     ids = list(range(100))
     assert lb.truncate_middle(ids, 100) == ids

@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--labels", nargs="+", default=None, help=labels_help)
     lb.add_argument("--data", required=True, help="folder with LongBench <task>.jsonl files")
     lb.add_argument("--tasks", nargs="+", default=None, help="default: all 14")
-    lb.add_argument("--prompts", default=None, help="LongBench's dataset2prompt.json (exact prompts)")
+    lb.add_argument("--prompts", default=None, help="a dataset2prompt.json to use instead of LongBench's prompts")
     lb.add_argument("--budget", type=int, default=15500, help="prompt tokens kept (middle truncation)")
     lb.add_argument("--limit", type=int, default=None, help="samples per task")
     lb.add_argument("--out", default="eval/longbench")

@@ -3,8 +3,8 @@ greedy generation with per-task lengths (bf16 autocast on a GPU), the standard m
 models.
 
 Data: a folder with ``<task>.jsonl`` files in LongBench's format (``input``, ``context``, ``answers``,
-``all_classes``). Prompts: LongBench's ``dataset2prompt.json`` when given (``--prompts``, needed for
-numbers comparable with published ones); otherwise the plain templates below, written for this project.
+``all_classes``), e.g. LongBench's data.zip unpacked. Prompts: LongBench's own (below); ``--prompts FILE``
+takes another ``dataset2prompt.json``.
 """
 
 from __future__ import annotations
@@ -28,17 +28,75 @@ TASKS = ["narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "mu
 MAX_NEW_TOKENS = {"narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "hotpotqa": 32, "2wikimqa": 32,
                   "musique": 32, "gov_report": 512, "qmsum": 512, "multi_news": 512, "trec": 64, "triviaqa": 32,
                   "samsum": 128, "lcc": 64, "repobench-p": 64}
-QA = "Read the text below and answer the question as briefly as possible.\n\n{context}\n\nQuestion: {input}\nAnswer:"
-TEMPLATES = {
-    **{t: QA for t in ("narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique")},
-    "gov_report": "Write a one-page summary of the report below.\n\n{context}\n\nSummary:",
-    "qmsum": "Read the meeting transcript below and answer the query in a few sentences.\n\n{context}\n\nQuery: {input}\nAnswer:",
-    "multi_news": "Write a one-page summary of the news articles below.\n\n{context}\n\nSummary:",
-    "trec": "Classify the type of each question's answer, following the examples.\n\n{context}\n{input}",
-    "triviaqa": "Answer the question, following the examples.\n\n{context}\n\n{input}",
-    "samsum": "Summarize the dialogue, following the examples.\n\n{context}\n\n{input}",
-    "lcc": "Complete the next line of the code below.\n\n{context}",
-    "repobench-p": "Complete the next line of the code below.\n\n{context}{input}",
+# LongBench v1's prompts for these tasks (its config/dataset2prompt.json, typos included), as the paper used.
+PROMPTS = {
+    "narrativeqa": (
+        "You are given a story, which can be either a novel or a movie script, and a question. Answer "
+        "the question asconcisely as you can, using a single phrase if possible. Do not provide any "
+        "explanation.\n\nStory: {context}\n\nNow, answer the question based on the story asconcisely as you "
+        "can, using a single phrase if possible. Do not provide any explanation.\n\nQuestion: "
+        "{input}\n\nAnswer:"
+    ),
+    "qasper": (
+        "You are given a scientific article and a question. Answer the question as concisely as you can, "
+        "using a single phrase or sentence if possible. If the question cannot be answered based on the "
+        "information in the article, write \"unanswerable\". If the question is a yes/no question, answer "
+        "\"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n\nArticle: {context}\n\n Answer "
+        "the question based on the above article as concisely as you can, using a single phrase or "
+        "sentence if possible. If the question cannot be answered based on the information in the "
+        "article, write \"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or "
+        "\"unanswerable\". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "multifieldqa_en": (
+        "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following question "
+        "based on the above text, only give me the answer and do not output any other words.\n\nQuestion: "
+        "{input}\nAnswer:"
+    ),
+    "hotpotqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the "
+        "given passages. Only give me the answer and do not output any other words.\n\nQuestion: "
+        "{input}\nAnswer:"
+    ),
+    "2wikimqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the "
+        "given passages. Only give me the answer and do not output any other words.\n\nQuestion: "
+        "{input}\nAnswer:"
+    ),
+    "musique": (
+        "Answer the question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the "
+        "given passages. Only give me the answer and do not output any other words.\n\nQuestion: "
+        "{input}\nAnswer:"
+    ),
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the "
+        "report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. Answer the "
+        "query in one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the query based on the "
+        "above meeting transcript in one or more sentences.\n\nQuery: {input}\nAnswer:"
+    ),
+    "multi_news": (
+        "You are given several news passages. Write a one-page summary of all news. "
+        "\n\nNews:\n{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:"
+    ),
+    "trec": (
+        "Please determine the type of the question below. Here are some examples of "
+        "questions.\n\n{context}\n{input}"
+    ),
+    "triviaqa": (
+        "Answer the question based on the given passage. Only give me the answer and do not output any "
+        "other words. The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "samsum": (
+        "Summarize the dialogue into a few short sentences. The following are some "
+        "examples.\n\n{context}\n\n{input}"
+    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
 # LongBench's own scorer keeps only the first line of trec, triviaqa and samsum answers; the paper's scorer
 # keeps the first line of every answer (its base models run on past the answer), and so does this one.
@@ -127,7 +185,7 @@ def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: i
         if not path.exists():
             raise FileNotFoundError(f"--data {str(data_dir)!r} has no {task}.jsonl")
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
-        template = (prompts or {}).get(task, TEMPLATES[task])
+        template = (prompts or {}).get(task, PROMPTS[task])
         preds, scores = [], []
         for row in tqdm(rows, desc=f"longbench {task}", unit="sample"):
             prompt = template.format(context=row.get("context", ""), input=row.get("input", ""))
@@ -162,7 +220,7 @@ def run_models(models: list[str], data_dir: Path, out: Path, tasks: list[str], b
         per_model[name] = run(model, load_tokenizer(path), data_dir, out / name, tasks, budget, limit, prompts)
         del model
     md, tex = tables(per_model, [*tasks, "average"])
-    settings = {"tasks": tasks, "budget": budget, "limit": limit, "prompts": "LongBench" if prompts else "fox-eval",
+    settings = {"tasks": tasks, "budget": budget, "limit": limit, "prompts": "--prompts" if prompts else "LongBench",
                 "precision": precision(device), "models": {n: str(Path(p).resolve()) for n, p in zip(names, models)}}
     (out / "longbench.json").write_text(json.dumps({"settings": settings, "table": per_model}, indent=1))
     (out / "longbench.md").write_text(md)
