@@ -26,9 +26,9 @@ class NoForgetGateError(ValueError):
 
 @dataclass
 class LayerCapture:
-    q: torch.Tensor  # (T, H, D), batch row 0
-    k: torch.Tensor  # (T, H, D), repeated to query heads
-    log_fgate: torch.Tensor  # (T, H) float32
+    q: torch.Tensor  # (T, H, D), batch row 0, on the CPU
+    k: torch.Tensor  # (T, H, D), repeated to query heads, on the CPU
+    log_fgate: torch.Tensor  # (T, H) float32, on the CPU
     layer: ForgettingAttentionLayer
 
 
@@ -54,7 +54,9 @@ def capture(model, input_ids: torch.Tensor) -> list[LayerCapture]:
         x = args[0] if args else kwargs["hidden_states"]
         q, k, _, lf, _, _ = layer.project(x[:1])
         group = layer.num_heads // layer.num_kv_heads
-        captured.append(LayerCapture(q[0].float(), k[0].float().repeat_interleave(group, dim=1), lf[0].float(), layer))
+        # on the CPU: the analyses below build (T, T) matrices and loop over tiles, which a GPU does not speed up
+        captured.append(LayerCapture(q[0].float().cpu(), k[0].float().repeat_interleave(group, dim=1).cpu(),
+                                     lf[0].float().cpu(), layer))
 
     handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
     try:
@@ -86,8 +88,7 @@ def pruning_fraction(cap: LayerCapture, block: int = 128, log_eps: float = LOG_E
         delta = delta[0].detach().double().cpu()
     else:
         u = q.norm(dim=-1).amax(0) * k.norm(dim=-1).amax(0) * D**-0.5
-        delta = (-(2 * u.double() + math.log(T)) + log_eps).cpu()
-    c = c.cpu()
+        delta = -(2 * u.double() + math.log(T)) + log_eps
     nb = -(-T // block)
     skipped = torch.zeros(H, dtype=torch.float64)
     total = 0
@@ -106,7 +107,7 @@ def gate_statistics(model, input_ids: torch.Tensor, block: int = 128) -> list[li
     out = []
     for cap in capture(model, input_ids):
         f = cap.log_fgate.exp()
-        qs = torch.quantile(f.double(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64, device=f.device), dim=0)
+        qs = torch.quantile(f.double(), torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64), dim=0)
         times, pruned = decay_time(cap.log_fgate), pruning_fraction(cap, block)
         out.append([
             {"mean_log_f": float(cap.log_fgate[:, h].mean()), "decay_time": float(times[h]),
