@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a fox-train override for every model, e.g. schedule.total_tokens=83886080")
     ap.add_argument("--slice", type=Path, help=f"the compressed corpus slice (default OUT/corpus/{SLICE_NAME})")
-    ap.add_argument("--slice-mb", type=float, default=160.0, help="corpus: MB of train text in the slice (0: all)")
+    ap.add_argument("--slice-mb", type=float, default=100.0, help="corpus: MB of train text in the slice (0: all)")
     ap.add_argument("--eval-factor", type=int, default=4, help="per-token loss out to this many training lengths")
     ap.add_argument("--eval-docs", type=int, default=256, help="held-out documents for the per-token loss")
     ap.add_argument("--eval-batch", type=int, default=8)
