@@ -175,5 +175,9 @@ def test_command_writes_results_and_heatmap(tmp_path, judge_server, monkeypatch)
     assert (tmp_path / "n" / "niah_easy.png").stat().st_size > 2000
     with pytest.raises(SystemExit, match="^fox-eval: --limit must be >= 1, got 0$"):
         main(["niah", "--model", str(tmp_path / "m"), "--limit", "0"])
+    with pytest.raises(SystemExit, match=r"^fox-eval: --depths must lie in \[0, 100\] \(percent\), got \[-5.0\]$"):
+        main(["niah", "--model", str(tmp_path / "m"), "--depths", "0", "-5"])
+    with pytest.raises(SystemExit, match=r"^fox-eval: --lengths must exceed the 200 tokens .*, got \[150\]$"):
+        main(["niah", "--model", str(tmp_path / "m"), "--lengths", "150", "1000"])
     with pytest.raises(SystemExit, match="^fox-eval: --haystack '/no/hay' is not a folder$"):
         main(["niah", "--model", str(tmp_path / "m"), "--haystack", "/no/hay"])

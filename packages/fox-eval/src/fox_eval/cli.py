@@ -89,6 +89,13 @@ def _niah(args) -> None:
     from fox_eval.loading import check_model_dir, load_model, load_tokenizer
 
     check_model_dir(args.model)
+    bad_depths = [d for d in args.depths or [] if not 0 <= d <= 100]
+    if bad_depths:
+        raise ValueError(f"--depths must lie in [0, 100] (percent), got {bad_depths}")
+    short = [n for n in args.lengths or [] if n <= niah.RESERVED_TOKENS]
+    if short:
+        raise ValueError(f"--lengths must exceed the {niah.RESERVED_TOKENS} tokens held back for the question "
+                         f"and answer, got {short}")
     if args.haystack is not None:
         niah.haystack_text(args.haystack)  # a missing or empty folder fails before the model loads
     judge = None
