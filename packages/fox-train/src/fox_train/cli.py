@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import os
 import sys
 from datetime import datetime
@@ -48,6 +49,7 @@ def _train_config(cfg: DictConfig) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
 
 
+@functools.cache  # one answer per main(): Fabric reads hydra.run.dir again to start other processes
 def _run_dir(out_dir: str, run_name: str | None, preset: str, source: str, resume: bool) -> str:
     """hydra.run.dir: ``out_dir/run_name``, else ``out_dir/<preset>-<source>-<time>`` (with ``resume``, the
     newest such run), as fox_train.train.resolve_run_dir decides."""
@@ -58,6 +60,7 @@ def _run_dir(out_dir: str, run_name: str | None, preset: str, source: str, resum
     return str(resolve_run_dir(cfg))
 
 
+@functools.cache
 def _sweep_dir(out_dir: str, run_name: str | None) -> str:
     """hydra.sweep.dir: ``out_dir/run_name``, else ``out_dir/multirun-<time>``; each job runs in a numbered
     directory below it."""
@@ -155,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
     _register_resolvers()
     GlobalHydra.instance().clear()
     saved_argv, saved_full_error = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
-    sys.argv = ["fox-train", *argv]  # Hydra's own parser reads sys.argv
+    # Hydra's own parser reads sys.argv; Fabric starts the other processes of a run with it
+    sys.argv = [saved_argv[0] if saved_argv else "fox-train", *argv]
+    _run_dir.cache_clear()
+    _sweep_dir.cache_clear()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises errors (instead of printing them) for the lines below
     try:
         _app()
