@@ -313,6 +313,8 @@ def test_interrupted_run_resumes_and_leaves_no_temporary_files(tmp_path, tiny_mo
     monkeypatch.setattr(ptl, "sequence_losses", real)
     np.testing.assert_allclose(_ptl([path], data, out, "--batch-size", "2")["m"], _direct(model, seqs), rtol=1e-5)
     assert [f.name for f in (out / "partial").iterdir()] == [part.name]
-    # a partial file cut short by a crash is not trusted: the run starts again
+    # a partial file cut short by a crash is not trusted: the run starts again; a stale temporary is removed
     part.write_bytes(part.read_bytes()[:40])
+    part.with_name(part.name + ".tmp.npz").write_bytes(b"cut")
     np.testing.assert_allclose(_ptl([path], data, out)["m"], _direct(model, seqs), rtol=1e-5)
+    assert [f.name for f in (out / "partial").iterdir()] == [part.name]

@@ -65,9 +65,9 @@ def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device:
         labels: list[str] | None = None) -> dict[str, np.ndarray]:
     """L(i) of each model folder over ``seqs`` (N, T), keyed by label (see ``loading.model_labels``).
 
-    Resumable: each model's running sums go to ``out/partial/<fingerprint>.npz`` after every batch, with the
-    model's fingerprint (config and weights), the precision and a hash of the sequences done, so another model,
-    other data or a shorter ``--limit`` never reuses them."""
+    Resumable: each model's running sums go to ``out/partial/<fingerprint>-<precision>.npz`` after every batch,
+    with the model's fingerprint (config and weights), the precision and a hash of the sequences done, so
+    another model, other data or a shorter ``--limit`` never reuses them."""
     if len(seqs) < 1:
         raise ValueError("per-token loss needs at least one sequence, got 0")
     if batch_size < 1:
@@ -80,6 +80,7 @@ def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device:
         fingerprint = model_fingerprint(path)
         key = f"{fingerprint}|{precision(device)}"
         part = out / "partial" / f"{fingerprint[:32]}-{precision(device)}.npz"
+        part.with_name(part.name + ".tmp.npz").unlink(missing_ok=True)  # left by a run killed mid-write
         total, done = _resume(part, key, seqs)
         if done < len(seqs):
             model = load_model(path, device)
