@@ -108,7 +108,7 @@ def haystack_ids(tokenizer, text: str, min_tokens: int) -> list[int]:
 def build_prompt(tokenizer, haystack: list[int], length: int, depth: float, mode: str = "standard"):
     """Token ids of the prompt for context length ``length`` and needle depth ``depth`` percent, and the
     offset of the needle's first token. The prompt is BOS + haystack-with-needle (``length`` - 200 tokens)
-    + instruction and question, so it is shorter than ``length`` by about 150 tokens, as the official one."""
+    + instruction and question, so it is shorter than ``length`` by about 140 tokens, as the official one."""
     if not 0 <= depth <= 100:
         raise ValueError(f"--depths must lie in [0, 100], got {depth}")
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
