@@ -99,7 +99,7 @@ PROMPTS = {
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
 # LongBench's own scorer keeps only the first line of trec, triviaqa and samsum answers; the paper's scorer
-# keeps the first line of every answer (its base models run on past the answer), and so does this one.
+# keeps the first line of every answer, and so does ``score``.
 
 
 def normalize_answer(s: str) -> str:
