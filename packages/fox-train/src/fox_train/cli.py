@@ -179,4 +179,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fox_train import cli  # the importable module's functions, so that launchers (submitit) can pickle them
+
+    cli.main()
