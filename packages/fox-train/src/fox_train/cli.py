@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from fox_train import cli  # the importable module's functions, so that launchers (submitit) can pickle them
+    # run the importable module's main, so that launchers (submitit) can pickle its functions
+    from fox_train import cli
 
     cli.main()
