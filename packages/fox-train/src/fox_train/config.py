@@ -1,7 +1,8 @@
 """Structured configs of fox-train (Hydra): every field documented, unknown keys rejected.
 
 Groups: ``model`` (every preset of fox-models, plus tiny CPU models), ``data``, ``optimizer``,
-``schedule``, ``strategy`` and ``experiment`` (the paper's settings, under ``conf/experiment``).
+``schedule``, ``strategy`` and ``experiment`` (``conf/experiment``: the 30 official LongCrawl64
+experiments under ``longcrawl64/<dir>/<name>``).
 """
 
 from __future__ import annotations
@@ -150,7 +151,8 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     run_name: str | None = None
-    """Directory name under ``out_dir``; default ``<preset>-<source>-<timestamp>``."""
+    """The run directory under ``out_dir`` (Hydra's run directory); default ``<preset>-<source>-<timestamp>``.
+    With ``-m`` the jobs run in ``out_dir/<run_name or multirun-<timestamp>>/<job number>``."""
     out_dir: str = "outputs"
     global_batch_tokens: int = 1024
     """Tokens per optimizer step across all devices (reached by gradient accumulation)."""
