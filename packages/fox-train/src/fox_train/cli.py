@@ -77,6 +77,7 @@ def _register_resolvers() -> None:
 def _app(dict_cfg: DictConfig) -> str:
     """One job: train in the run directory Hydra made for it (hydra.run.dir, or a sweep job's directory)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     cfg = _train_config(dict_cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -91,7 +92,9 @@ def _app(dict_cfg: DictConfig) -> str:
         check(cfg)
         done = train(cfg)
     except (FileNotFoundError, ValueError, ImportError) as e:
-        raise RunError(str(e)) from None
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise RunError(str(e)) from None  # Hydra records the failed job, the sweep goes on, main() reports it
+        raise SystemExit(f"fox-train: {e}") from None
     print(f"done: {done}")
     return str(done)
 
