@@ -100,6 +100,7 @@ def _app(dict_cfg: DictConfig) -> str:
 
 
 def _one_line(e: BaseException) -> str:
+    """The first line of a Hydra or OmegaConf error, and of the error that caused it."""
     parts = [str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__]
     cause = e.__cause__
     if cause is not None and str(cause).strip():
