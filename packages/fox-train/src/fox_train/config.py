@@ -213,9 +213,9 @@ TINY = {
 
 
 # Models of the official configs that fox-models does not have yet: their fields, so the experiments
-# compose and print; training them stops with a message naming the missing piece. SAMBA: Mamba layers
-# (state 16, expand 2, MLP ratio 3) with sliding-window attention layers (MLP ratio 4) on the official
-# default layer pattern, RMSNorm eps 1e-5.
+# compose and print; training them stops with a message naming the missing piece. SAMBA: Mamba (v1)
+# layers (state 16, expand 2, MLP ratio 3) on the even layers and sliding-window attention layers (MLP
+# ratio 4, RoPE) on the odd ones (the official ``attn.layers: null``), RMSNorm eps 1e-5.
 PENDING = {
     "samba-760m": (dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, window_size=2048, rope_base=500000.0,
                         state_size=16, expand=2), "SAMBA (Mamba + sliding-window attention layers)"),
