@@ -76,7 +76,7 @@ def test_fsdp_sharding_strategy():
         _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_sharding="ZERO3"), "bf16-mixed")
 
 
-def test_fsdp2_options_are_checked():
+def test_fsdp2_options_are_checked(tmp_path):
     from fox_train.config import StrategyConfig
     from fox_train.train import _fsdp2_strategy
 
@@ -87,7 +87,7 @@ def test_fsdp2_options_are_checked():
     with pytest.raises(ValueError, match="strategy.devices must be a device count or list with fsdp2"):
         _fsdp2_strategy(StrategyConfig(name="fsdp2", devices="auto"), "bf16-mixed")
     with pytest.raises((SystemExit, ValueError), match="strategy.name must be one of"):
-        main(["strategy.name=zero3", *SMALL])
+        main(["strategy.name=zero3", f"out_dir={tmp_path}", *SMALL])
 
 
 @pytest.mark.parametrize("sharding", ["FULL_SHARD", "SHARD_GRAD_OP"])
