@@ -38,6 +38,13 @@ def test_valid_call_works():
         (lambda a: a, {"cu_seqlens": torch.tensor([0, 8], dtype=torch.int32)}, ValueError, r"batch size must be 1 .* got 2"),
         (lambda a: a, {"adaptive_threshold": "sometimes"}, ValueError, r"adaptive_threshold must be None"),
         (lambda a: a, {"adaptive_threshold": torch.zeros(3, 4)}, ValueError, r"adaptive_threshold must broadcast to \(2, 4\)"),
+        *[(lambda a: a, {"adaptive_threshold": bad}, ValueError,
+           rf"adaptive_threshold must be a finite negative number .*got {pattern}$")
+          for bad, pattern in ((float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf"), (0.0, "0.0"),
+                               (0, "0.0"), (2.5, "2.5"), (True, "1.0"), (torch.tensor([-1.0, 0.5, -2.0, -3.0]), "0.5"),
+                               (torch.tensor(float("nan")), "nan"), (torch.full((2, 1), -float("inf")), "-inf"))],
+        (lambda a: a, {"adaptive_threshold": torch.ones(2, 4, dtype=torch.bool)}, TypeError,
+         r"adaptive_threshold must hold real numbers, got torch.bool"),
     ],
 )
 def test_bad_input(mutate, kwargs, error, pattern):
@@ -74,3 +81,61 @@ def test_tensors_on_different_devices():
         forgetting_attention(q.cuda(), k, v.cuda(), g.cuda())
     with pytest.raises(TypeError, match=r"q must be one of float16, bfloat16, float32 on cuda, got float64"):
         forgetting_attention(*(x.cuda().double() for x in (q, k, v)), g.cuda())
+
+
+def test_valid_thresholds_work():
+    q, k, v, g = _ok()
+    for threshold in (-1e-6, -4, torch.tensor([-1.0, -2.0, -3.0, -4.0]), torch.full((2, 1), -0.5), "auto"):
+        assert forgetting_attention(q, k, v, g, adaptive_threshold=threshold).shape == q.shape
+
+
+def _cache(B=2, T=12, H=4, Hkv=2, D=16):
+    from fox_kernel import append_to_cache
+
+    k, v = torch.randn(B, T, Hkv, D), torch.randn(B, T, Hkv, D)
+    _, _, c = append_to_cache(None, None, None, k, v, torch.nn.functional.logsigmoid(torch.randn(B, T, H)))
+    return torch.randn(B, 3, H, D), k, v, c
+
+
+def _lens(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    "mutate, kwargs, error, pattern",
+    [
+        # a cache of batch 1 was broadcast against queries of batch 2 (row 0's keys reused)
+        (lambda q, k, v, c: (q, k[:1], v[:1], c[:1]), {}, ValueError, r"k_cache must have batch size \(q's\) 2, got 1"),
+        (lambda q, k, v, c: (q, k, v[:, :5], c), {}, ValueError, r"v_cache must have k_cache's shape \(2, 12, 2, 16\)"),
+        (lambda q, k, v, c: (q, k[..., :8], v[..., :8], c), {}, ValueError, r"k_cache must have head dim \(q's\) 16, got 8"),
+        (lambda q, k, v, c: (q[0], k, v, c), {}, ValueError, r"q must have 4 dimensions .*got shape \(3, 4, 16\)"),
+        (lambda q, k, v, c: (q, k[0], v[0], c), {}, ValueError, r"k_cache must have 4 dimensions"),
+        (lambda q, k, v, c: (q, k, v, c[:1]), {}, ValueError, r"c_cache must be float32 of shape \(2, 12, 4\)"),
+        (lambda *a: a, {"cache_seqlens": _lens(0, 12)}, ValueError, r"cache_seqlens must lie in \[3, 12\] .*got values in \[0, 12\]"),
+        (lambda *a: a, {"cache_seqlens": _lens(-4, 5)}, ValueError, r"cache_seqlens must lie in \[3, 12\] .*\[-4, 5\]"),
+        (lambda *a: a, {"cache_seqlens": _lens(12, 13)}, ValueError, r"cache_seqlens must lie in \[3, 12\] .*\[12, 13\]"),
+        (lambda *a: a, {"cache_seqlens": _lens(2, 12)}, ValueError, r"cache_seqlens must lie in \[3, 12\]"),
+        (lambda *a: a, {"cache_seqlens": torch.tensor([5, 12])}, ValueError, r"cache_seqlens must be int32"),
+        (lambda *a: a, {"seq_start": torch.tensor([0, -1])}, ValueError, r"seq_start must be >= 0, got values in \[-1, 0\]"),
+        (lambda *a: a, {"seq_start": torch.tensor([0.0, 1.0])}, TypeError, r"seq_start must hold integers"),
+        (lambda *a: a, {"seq_start": torch.tensor([0, 1, 2])}, ValueError, r"seq_start must have shape \(2,\), got \(3,\)"),
+        (lambda *a: a, {"adaptive_threshold": 0.0}, ValueError, r"adaptive_threshold must be a finite negative number .*got 0.0"),
+        (lambda *a: a, {"adaptive_threshold": float("nan")}, ValueError, r"adaptive_threshold must be a finite .*got nan"),
+        (lambda *a: a, {"adaptive_threshold": torch.tensor([[-1.0], [3.0]])}, ValueError, r"got 3.0"),
+    ],
+)
+def test_bad_decode_input(mutate, kwargs, error, pattern):
+    from fox_kernel import forgetting_attention_with_kvcache
+
+    with pytest.raises(error, match=pattern):
+        forgetting_attention_with_kvcache(*mutate(*_cache()), **kwargs)
+
+
+def test_decode_rows_longer_than_the_padding_so_far_are_fine():
+    """seq_start past the cached length (a chunked prefill of left-padded prompts): that row returns 0."""
+    from fox_kernel import forgetting_attention_with_kvcache
+
+    q, k, v, c = _cache()
+    out = forgetting_attention_with_kvcache(q, k, v, c, _lens(12, 5), seq_start=torch.tensor([0, 30]),
+                                            adaptive_threshold=-8.0)
+    assert torch.isfinite(out).all() and out[1].abs().max() == 0

@@ -20,6 +20,8 @@ import torch
 from fox_kernel.ops import checks
 
 _CHUNK_ELEMENTS = 1 << 26
+# why a gate of exactly 0 is refused (on CPU tensors; see checks.values_checkable)
+_NO_ZERO_GATES = "a cache of plain prefix sums c cannot represent it (c_i - c_j would be -inf - -inf)"
 
 
 def _interpreting() -> bool:
@@ -58,7 +60,8 @@ def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
         raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
     g = log_fgate_new
     if seq_start is not None:
-        g = g * (pos >= seq_start[:, None].long()).to(g.dtype)[..., None]
+        g = torch.where((pos >= seq_start[:, None].long())[..., None], g, torch.zeros_like(g))
+    checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES)
     c_new = torch.cumsum(g.double(), dim=1)
     if c_last is not None:
         c_new = c_new + c_last.double()[:, None]
@@ -107,15 +110,36 @@ def _decode_threshold(adaptive_threshold, B, H, device):
     if adaptive_threshold is None:
         return None
     if isinstance(adaptive_threshold, (int, float)) and not isinstance(adaptive_threshold, bool):
+        checks.check_threshold_number(float(adaptive_threshold))
         return torch.full((B, H), float(adaptive_threshold), dtype=torch.float32, device=device)
     if not isinstance(adaptive_threshold, torch.Tensor):
         raise ValueError(f"adaptive_threshold must be None, a number or a tensor broadcastable to ({B}, {H}), "
                          f"got {adaptive_threshold!r}")
     try:
-        return torch.broadcast_to(adaptive_threshold.to(device, torch.float32), (B, H)).contiguous()
+        threshold = torch.broadcast_to(adaptive_threshold.to(device, torch.float32), (B, H)).contiguous()
     except RuntimeError:
         raise ValueError(f"adaptive_threshold must broadcast to ({B}, {H}), got shape "
                          f"{tuple(adaptive_threshold.shape)}") from None
+    checks.check_threshold_tensor(adaptive_threshold)
+    return threshold
+
+
+def _check_cache_values(c_cache, lens, seq_start, Tq, T):
+    """Value checks of a contiguous cache, for CPU tensors (``checks.values_checkable``): each row's length
+    holds its Tq new tokens and fits the cache, and its valid prefix sums hold no -inf (c_cache None: paged,
+    not gathered)."""
+    if lens is not None and checks.values_checkable(lens) and lens.numel():
+        lo, hi = int(lens.min()), int(lens.max())
+        if lo < max(Tq, 1) or hi > T:
+            raise ValueError(f"cache_seqlens must lie in [{max(Tq, 1)}, {T}] (each row holds the {Tq} new tokens "
+                             f"and fits the cache of {T}), got values in [{lo}, {hi}]")
+    if c_cache is None or not checks.values_checkable(c_cache):
+        return
+    pos = torch.arange(T, device=c_cache.device)[None, :]
+    valid = pos < (lens[:, None].to(c_cache.device) if lens is not None else T)
+    if seq_start is not None:
+        valid = valid & (pos >= seq_start[:, None].to(c_cache.device))
+    checks.check_no_zero_gates("c_cache", c_cache.masked_fill(~valid[..., None], 0.0), _NO_ZERO_GATES)
 
 
 def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
@@ -145,12 +169,33 @@ def forgetting_attention_with_kvcache(
 
     ``adaptive_threshold`` (a number or a (B, H) tensor, in the units of ``c``): the Triton kernel skips
     leading cache tiles where ``c_query - c_key`` stays below it for every query row it serves (whole
-    tiles are never read). With the bound of FOX.md section 1 the dropped weight is at most eps. The
-    PyTorch path ignores it and computes exactly.
+    tiles are never read). With the bound of FOX.md section 1 the dropped weight is at most eps, and the
+    bound is finite and negative (anything else is refused). The PyTorch path ignores it and computes
+    exactly.
+
+    ``seq_start`` (B,) counts in cache positions and may exceed the cached length (a row that is all
+    padding so far, in a chunked prefill of left-padded prompts: its rows return 0).
+
+    Checks: shapes, dtypes and devices always (the caches must have q's batch: no broadcasting). Values
+    only for CPU tensors, as reading a CUDA tensor waits for the GPU: ``cache_seqlens`` in [Tq, T],
+    ``seq_start >= 0``, the threshold, and no -inf in the valid prefix sums (a gate of exactly 0, which
+    a cache of prefix sums cannot represent; ``append_to_cache`` refuses it too). NaN prefix sums give
+    NaN rows, never zeros.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
         checks.require_tensor(name, x)
+    checks.require_rank("q", q, 4, "(B, Tq, H, D)")
+    layout = "(num_pages, page_size, Hkv, D)" if block_table is not None else "(B, T, Hkv, D)"
+    checks.require_rank("k_cache", k_cache, 4, layout)
+    checks.require_rank("v_cache", v_cache, 4, layout)
+    checks.require_same_device(q.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache,
+                               cache_seqlens=cache_seqlens, seq_start=seq_start, block_table=block_table)
     B, Tq, H, D = q.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    checks.require_dim("k_cache", k_cache.shape[3], D, "head dim (q's)")
+    if block_table is None:  # a cache of another batch would be broadcast against q's rows
+        checks.require_dim("k_cache", k_cache.shape[0], B, "batch size (q's)")
     paged = None
     if block_table is not None:
         if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
@@ -179,6 +224,10 @@ def forgetting_attention_with_kvcache(
         raise ValueError(f"q's {H} heads must be a multiple of the cache's heads, got Hkv={Hkv}")
     if cache_seqlens is not None and (tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32):
         raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
+    if seq_start is not None:
+        checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
+    _check_cache_values(None if paged is not None else c_cache, cache_seqlens, seq_start, Tq, T)
+    thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
     scale = D**-0.5 if sm_scale is None else sm_scale
     if (q.is_cuda or _interpreting()) and q.dtype != torch.float64:
         from fox_kernel.ops.triton_decode import triton_decode
@@ -187,7 +236,6 @@ def forgetting_attention_with_kvcache(
         starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
-        thresh = _decode_threshold(adaptive_threshold, B, H, q.device)
         return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
                              thresh)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -210,6 +258,7 @@ def forgetting_attention_with_kvcache(
         if seq_start is not None:
             allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
         s = s.masked_fill(~allowed, float("-inf"))
-        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        # rows with no visible key (padding) give 0; a NaN elsewhere (NaN prefix sums) stays NaN
+        p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
         out[:, :, start:end] = torch.matmul(p, vh)
     return out.permute(0, 2, 1, 3).to(q.dtype)

@@ -12,14 +12,37 @@ import torch
 def gate_prefix_sum(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None) -> torch.Tensor:
     """Prefix sums ``c`` of the log forget gates, gates before ``seq_start`` zeroed.
 
-    log_fgate: (B, T, H). Returns (B, T, H) in float64 if the input is float64, else float32.
+    log_fgate: (B, T, H). Returns (B, T, H) in float64 if the input is float64, else float32. A gate of
+    exactly 0 (log -inf) makes ``c`` -inf from there on; ``decay_bias`` takes such gates apart exactly.
     """
     dtype = torch.float64 if log_fgate.dtype == torch.float64 else torch.float32
-    g = log_fgate.to(dtype)
-    if seq_start is not None:
-        pos = torch.arange(g.shape[1], device=g.device)
-        g = g * (pos[None, :] >= seq_start[:, None].to(g.device)).to(dtype)[..., None]
-    return torch.cumsum(g, dim=1)
+    return torch.cumsum(_counted_gates(log_fgate.to(dtype), seq_start), dim=1)
+
+
+def _counted_gates(g, seq_start):
+    if seq_start is None:
+        return g
+    pos = torch.arange(g.shape[1], device=g.device)
+    return torch.where((pos[None, :] >= seq_start[:, None].to(g.device))[..., None], g, torch.zeros_like(g))
+
+
+def finite_prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None):
+    """(c, zeros), both (B, T, H): ``c`` the prefix sums with gates of exactly 0 (log -inf) counted as 0,
+    ``zeros`` how many such gates lie at or before each position (int64). Gates before ``seq_start`` do
+    not count. float64 ``c`` for float64 input, else float32; NaN gates stay NaN."""
+    dtype = torch.float64 if log_fgate.dtype == torch.float64 else torch.float32
+    g = _counted_gates(log_fgate.to(dtype), seq_start)
+    zero = torch.isneginf(g)
+    c = torch.cumsum(torch.where(zero, torch.zeros_like(g), g), dim=1)
+    return c, torch.cumsum(zero, dim=1)
+
+
+def decay_bias(c_rows, zeros_rows, c_cols, zeros_cols):
+    """``c_i - c_j`` for every (row i, column j), -inf where a gate of exactly 0 lies in (j, i] (the rows'
+    and columns' counts of such gates differ). Inputs (..., I) and (..., J); returns (..., I, J)."""
+    bias = c_rows[..., :, None] - c_cols[..., None, :]
+    same = zeros_rows[..., :, None] == zeros_cols[..., None, :]
+    return torch.where(same, bias, torch.full_like(bias, float("-inf")))
 
 
 def _attend(q, k, v, log_fgate, seq_start, sm_scale):
@@ -29,11 +52,10 @@ def _attend(q, k, v, log_fgate, seq_start, sm_scale):
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    c = gate_prefix_sum(log_fgate, seq_start)  # (B, Tk, H)
-    c_q = c[:, Tk - Tq :]
+    c, zeros = (x.permute(0, 2, 1) for x in finite_prefix_sums(log_fgate, seq_start))  # (B, H, Tk)
     # Matmuls in the input dtype (so a bf16 reference has bf16 rounding), softmax in acc_dtype.
     scores = torch.einsum("bihd,bjhd->bhij", q, k).to(acc_dtype) * sm_scale
-    scores = scores + (c_q.permute(0, 2, 1)[..., :, None] - c.permute(0, 2, 1)[..., None, :]).to(acc_dtype)
+    scores = scores + decay_bias(c[..., Tk - Tq :], zeros[..., Tk - Tq :], c, zeros).to(acc_dtype)
     pos_q = torch.arange(Tq, device=q.device) + (Tk - Tq)
     pos_k = torch.arange(Tk, device=q.device)
     allowed = pos_k[None, :] <= pos_q[:, None]
@@ -42,7 +64,8 @@ def _attend(q, k, v, log_fgate, seq_start, sm_scale):
         allowed = allowed & (pos_k[None, None, :] >= seq_start.to(q.device)[:, None, None])
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key (padding) give 0
+    # rows with no visible key (padding) give 0; a NaN elsewhere (a NaN input) stays NaN
+    probs = probs.masked_fill(~allowed.any(dim=-1)[:, None, :, None], 0.0)
     out = torch.einsum("bhij,bjhd->bihd", probs.to(v.dtype), v)
     return out.to(q.dtype)
 

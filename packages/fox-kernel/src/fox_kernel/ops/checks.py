@@ -1,6 +1,14 @@
-"""Argument checks at the public boundary: every error names the argument, what was expected and what came."""
+"""Argument checks at the public boundary: every error names the argument, what was expected and what came.
+
+Shape, dtype and device checks read only metadata and cost nothing. A check of a tensor's *values* must
+read the tensor, which for a CUDA tensor waits for the GPU (a host sync): those run only where the caller
+already syncs (``seq_start`` and ``cu_seqlens`` of ``forgetting_attention``, whose bounds the launch needs)
+or on CPU tensors, never for CUDA tensors on the hot path, and never while ``torch.compile`` traces.
+"""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -54,7 +62,9 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, total: int, value_che
             raise ValueError(f"cu_seqlens must be strictly increasing, got {bounds}")
 
 
-def check_seq_start(seq_start: torch.Tensor, batch: int, t_k: int, value_checks: bool) -> None:
+def check_seq_start(seq_start: torch.Tensor, batch: int, t_k: int | None, value_checks: bool) -> None:
+    """Integers (batch,) in [0, t_k]; t_k None: no upper bound (a decoding cache whose rows are all padding
+    so far, in a chunked prefill of left-padded prompts)."""
     require_tensor("seq_start", seq_start)
     if seq_start.dtype.is_floating_point or seq_start.dtype == torch.bool:
         raise TypeError(f"seq_start must hold integers, got {seq_start.dtype}")
@@ -62,5 +72,44 @@ def check_seq_start(seq_start: torch.Tensor, batch: int, t_k: int, value_checks:
         raise ValueError(f"seq_start must have shape ({batch},), got {tuple(seq_start.shape)}")
     if value_checks and batch > 0:
         lo, hi = int(seq_start.min()), int(seq_start.max())
-        if lo < 0 or hi > t_k:
+        if t_k is None and lo < 0:
+            raise ValueError(f"seq_start must be >= 0, got values in [{lo}, {hi}]")
+        if t_k is not None and (lo < 0 or hi > t_k):
             raise ValueError(f"seq_start must lie in [0, {t_k}] (the key length), got values in [{lo}, {hi}]")
+
+
+def values_checkable(x: torch.Tensor) -> bool:
+    """Whether ``x``'s values may be read for a check: on the CPU (no device to wait for), outside tracing."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def check_threshold_number(value) -> None:
+    """A pruning threshold is the log-space bound delta = -(2U + ln Tk) + ln eps (FOX.md section 1): with
+    U >= 0, Tk >= 1 and eps < 1 it is finite and negative. 0 or more would drop keys that carry weight."""
+    if not math.isfinite(value) or value >= 0:
+        raise ValueError(f"adaptive_threshold must be a finite negative number (a log-space bound "
+                         f"-(2U + ln Tk) + ln eps), got {value}")
+
+
+def check_threshold_tensor(threshold: torch.Tensor) -> None:
+    """The values of a threshold tensor, when they can be read without a sync (``values_checkable``)."""
+    if threshold.dtype.is_complex or threshold.dtype == torch.bool:
+        raise TypeError(f"adaptive_threshold must hold real numbers, got {threshold.dtype}")
+    if not values_checkable(threshold) or threshold.numel() == 0:
+        return
+    bad = ~(torch.isfinite(threshold) & (threshold < 0))
+    if bad.any():
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        check_threshold_number(float(threshold[index]))
+
+
+def check_no_zero_gates(name: str, log_gates: torch.Tensor, why: str) -> None:
+    """Refuse log gates of -inf (a gate of exactly 0) where they cannot be handled exactly (CPU tensors only,
+    see ``values_checkable``); ``log_gates`` (B, T, H), or prefix sums of them."""
+    if not values_checkable(log_gates) or log_gates.numel() == 0:
+        return
+    zero = torch.isneginf(log_gates)
+    if zero.any():
+        b, t, h = (int(i) for i in zero.nonzero()[0])
+        raise ValueError(f"{name} must not hold -inf (a gate of exactly 0), got -inf at (b, t, h) = ({b}, {t}, {h}): "
+                         f"{why}")

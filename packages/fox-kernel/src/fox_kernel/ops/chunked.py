@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from fox_kernel.ops.gates import gate_grad_from_dc
-from fox_kernel.reference import gate_prefix_sum
+from fox_kernel.reference import decay_bias, finite_prefix_sums
 
 # Scores held at once, in elements: bounds the memory of one chunk (256 MiB in float32).
 _CHUNK_ELEMENTS = 1 << 26
@@ -30,17 +30,25 @@ def _sequences(cu_seqlens, total):
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def _prefix_sums(log_fgate, seq_start, acc):
+    """(c, zeros) of ``finite_prefix_sums`` as (B, H, Tk), c in ``acc``."""
+    c, zeros = finite_prefix_sums(log_fgate, seq_start)
+    return c.to(acc).permute(0, 2, 1), zeros.permute(0, 2, 1)
+
+
 def _chunk_rows(B, H, Tq, Tk):
     return max(16, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * Tk)))
 
 
-def _scores(qc, kh, c_rows, c_cols, pos_q, seq_start, sm_scale, threshold):
-    """Masked logits for one query chunk: (B, H, C, K).
+def _scores(qc, kh, c, zeros, pos_q, kend, seq_start, sm_scale, threshold):
+    """Masked logits for one query chunk at key positions ``pos_q`` over keys [0, kend): (B, H, C, K).
 
-    With a pruning threshold, every score whose decay bias ``c_i - c_j`` is below it is dropped (the
-    kernels drop whole blocks only when the test holds for every pair in the block).
+    ``c``, ``zeros`` (B, H, Tk): finite prefix sums and counts of zero gates (``finite_prefix_sums``), so a
+    gate of exactly 0 masks the keys before it exactly. With a pruning threshold, every score whose decay
+    bias ``c_i - c_j`` is below it is dropped (the kernels drop whole blocks only when the test holds for
+    every pair in the block).
     """
-    bias = c_rows[..., :, None] - c_cols[..., None, :]
+    bias = decay_bias(c[..., pos_q], zeros[..., pos_q], c[..., :kend], zeros[..., :kend])
     s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale + bias
     pos_k = torch.arange(kh.shape[2], device=kh.device)
     allowed = (pos_k[None, :] <= pos_q[:, None])[None, None]
@@ -55,7 +63,7 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold):
     B, Tq, H, D = q.shape
     Tk, group = k.shape[1], H // k.shape[2]
     acc = _acc_dtype(q)
-    c = gate_prefix_sum(log_fgate, seq_start).to(acc).permute(0, 2, 1)  # (B, H, Tk)
+    c, zeros = _prefix_sums(log_fgate, seq_start, acc)
     qh = q.permute(0, 2, 1, 3).to(acc)
     kh = k.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
     vh = v.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
@@ -66,7 +74,7 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
         kend = int(pos_q[-1]) + 1
-        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale, threshold)
+        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c, zeros, pos_q, kend, seq_start, sm_scale, threshold)
         m = torch.logsumexp(s, dim=-1)
         m = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m)
         p = torch.exp(s - m[..., None])
@@ -80,7 +88,7 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
     Tk, Hkv = k.shape[1], k.shape[2]
     group = H // Hkv
     acc = _acc_dtype(q)
-    c = gate_prefix_sum(log_fgate, seq_start).to(acc).permute(0, 2, 1)
+    c, zeros = _prefix_sums(log_fgate, seq_start, acc)
     qh = q.permute(0, 2, 1, 3).to(acc)
     kh = k.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
     vh = v.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
@@ -96,7 +104,7 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
         kend = int(pos_q[-1]) + 1
-        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c[..., pos_q], c[..., :kend], pos_q, seq_start, sm_scale, threshold)
+        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c, zeros, pos_q, kend, seq_start, sm_scale, threshold)
         p = torch.exp(s - lse[:, :, start:end, None])
         do_c = doh[:, :, start:end]
         dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do_c)

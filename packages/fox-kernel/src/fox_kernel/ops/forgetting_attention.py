@@ -150,6 +150,7 @@ def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
     if isinstance(adaptive_threshold, str):  # "auto" is taken by the forward op itself
         raise ValueError(f'adaptive_threshold must be None, a number, a tensor or "auto", got {adaptive_threshold!r}')
     if isinstance(adaptive_threshold, (int, float)):
+        checks.check_threshold_number(float(adaptive_threshold))
         return torch.full((n_rows, H), float(adaptive_threshold), dtype=torch.float32, device=q.device)
     checks.require_tensor("adaptive_threshold", adaptive_threshold)
     try:
@@ -158,7 +159,19 @@ def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
         raise ValueError(
             f"adaptive_threshold must broadcast to ({n_rows}, {H}), got shape {tuple(adaptive_threshold.shape)}"
         ) from None
+    checks.check_threshold_tensor(adaptive_threshold)
     return t.contiguous()
+
+
+def _refuse_zero_gates(log_fgate, seq_start):
+    """The Triton kernels measure ``c`` from tile anchors in float32, where a gate of exactly 0 (c = -inf from
+    there on) has no exact form; the PyTorch path masks across it exactly. Checked where it costs no sync:
+    the interpreter's CPU tensors (a CUDA tensor's -inf gives NaN rows after it, unchecked)."""
+    if seq_start is not None:  # padded gates do not count
+        pos = torch.arange(log_fgate.shape[1], device=log_fgate.device)
+        log_fgate = log_fgate.masked_fill((pos[None, :] < seq_start[:, None])[..., None], 0.0)
+    checks.check_no_zero_gates("log_fgate", log_fgate, "the Triton kernels cannot represent it exactly (the "
+                               "PyTorch path, without TRITON_INTERPRET, does)")
 
 
 def forgetting_attention(
@@ -179,14 +192,18 @@ def forgetting_attention(
         q: (B, Tq, H, D) queries; (B, H, Tq, D) with ``head_first``.
         k, v: (B, Tk, Hkv, D) keys and values, ``H % Hkv == 0`` (GQA/MQA), ``Tq <= Tk``.
         log_fgate: (B, Tk, H) float32 log forget gates (``logsigmoid`` of the gate logits), one per query head.
+            A gate of exactly 0 (-inf) at t hides the keys before t from the queries at and after t: exact on
+            the PyTorch (CPU) path; refused by the Triton kernels in the interpreter; on CUDA unchecked
+            (the rows after it come out NaN). NaN gates give NaN rows, never zeros.
         head_first: tensors are (B, H, T, D) and log_fgate (B, H, T).
         seq_start: (B,) integers, first real token of each row (left padding); padded keys get no attention,
             their gates do not count, padded query rows return 0.
         sm_scale: score scale, default ``D ** -0.5``.
         adaptive_threshold: skip blocks whose decay bias ``c_i - c_j`` stays below this (log space): None,
-            a number, a tensor broadcastable to (B, H), or "auto" for the bound with eps = e^-10 (FOX.md
-            section 1; the Triton forward takes it per query tile from that tile's own query norms, which
-            is at least as tight, and the backward per head).
+            a finite negative number, a tensor broadcastable to (B, H), or "auto" for the bound with
+            eps = e^-10 (FOX.md section 1; the Triton forward takes it per query tile from that tile's own
+            query norms, which is at least as tight, and the backward per head). A tensor's values are
+            checked on the CPU only (reading a CUDA tensor would wait for the GPU).
         cu_seqlens: (N + 1,) int32 cumulative lengths of sequences packed into batch 1.
 
     Returns:
@@ -232,6 +249,8 @@ def forgetting_attention(
     if seq_start is not None:
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
+    if _use_triton(q) and checks.values_checkable(log_fgate):
+        _refuse_zero_gates(log_fgate, seq_start)
     if sm_scale is None:
         sm_scale = D**-0.5
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))

@@ -1,0 +1,151 @@
+"""Gates of exactly 0 (log -inf) and NaN gates, against the float64 reference.
+
+A gate of 0 at position z hides the keys before z from the queries at and after z; the rest stays
+finite. The reference and the PyTorch (CPU) path handle it exactly; the Triton kernels, which measure
+``c`` from tile anchors in float32, refuse it where checking is free (the interpreter's CPU tensors).
+A NaN gate makes the rows that depend on it NaN, never zeros. test_interpreted.py runs this file
+again with TRITON_INTERPRET=1.
+"""
+
+import os
+
+import pytest
+import torch
+
+from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache
+from fox_kernel.reference import forgetting_attention_ref
+from fox_kernel.testing import assert_close_to_reference, random_log_fgate
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
+    """Random float32 inputs with ``zeros`` gates of exactly 0 per (row, head) at random positions."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tk, Hkv, D, generator=g)
+    v = torch.randn(B, Tk, Hkv, D, generator=g)
+    lf = random_log_fgate((B, Tk, H), generator=g)
+    for b in range(B):
+        for h in range(H):
+            lf[b, torch.randperm(Tk, generator=g)[:zeros], h] = float("-inf")
+    return q, k, v, lf
+
+
+def _grads_against_reference(q, k, v, lf, **kw):
+    """forgetting_attention's output and four gradients vs the float64 reference (and a float32 one)."""
+    ins = [x.clone().requires_grad_() for x in (q, k, v, lf)]
+    exact_in = [x.double().requires_grad_() for x in (q, k, v, lf)]
+    same_in = [x.clone().requires_grad_() for x in (q, k, v, lf)]
+    out = forgetting_attention(*ins, **kw)
+    exact = forgetting_attention_ref(*exact_in, **kw)
+    same = forgetting_attention_ref(*same_in, **kw)
+    assert torch.isfinite(exact).all()
+    assert_close_to_reference(out, exact, same, name="out")
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), torch.autograd.grad(out, ins, do),
+                             torch.autograd.grad(exact, exact_in, do.double()), torch.autograd.grad(same, same_in, do)):
+        assert_close_to_reference(a, e, s, name=name, factor=3.0)
+
+
+def test_reference_zero_gate_restarts_the_sequence():
+    """Independent of the reference's masking: the queries from a zero gate on see what the same tokens
+    give as a sequence of their own, the earlier queries what the prefix gives; and a finite log gate of
+    -300 (whose weights underflow float64) gives the same numbers."""
+    q, k, v, lf = (x.double() for x in _inputs(2, 41, 41, 3, 1, 24, zeros=0))
+    z = 17
+    lf[:, z] = float("-inf")
+    out = forgetting_attention_ref(q, k, v, lf)
+    assert torch.isfinite(out).all()
+    tail = forgetting_attention_ref(q[:, z:], k[:, z:], v[:, z:], lf[:, z:])
+    head = forgetting_attention_ref(q[:, :z], k[:, :z], v[:, :z], lf[:, :z])
+    torch.testing.assert_close(out[:, z:], tail, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out[:, :z], head, rtol=1e-12, atol=1e-12)
+    finite = lf.clone()
+    finite[:, z] = -300.0
+    torch.testing.assert_close(out, forgetting_attention_ref(q, k, v, finite), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("B, Tq, Tk, H, Hkv, D", [(2, 37, 37, 3, 3, 24), (1, 1, 9, 2, 1, 16), (2, 20, 53, 4, 2, 40),
+                                                 (3, 130, 130, 2, 1, 8)])
+def test_zero_gates_are_exact_on_the_pytorch_path(B, Tq, Tk, H, Hkv, D):
+    """Odd lengths, short queries, GQA; gates of 0 at random places (the first and last included)."""
+    if INTERPRET:
+        pytest.skip("the Triton kernels refuse gates of 0 (test_zero_gates_are_refused_by_the_triton_kernels)")
+    q, k, v, lf = _inputs(B, Tq, Tk, H, Hkv, D)
+    lf[0, 0, 0] = lf[-1, -1, -1] = float("-inf")
+    _grads_against_reference(q, k, v, lf)
+
+
+def test_zero_gates_with_padding_packing_and_pruning():
+    if INTERPRET:
+        pytest.skip("the Triton kernels refuse gates of 0")
+    q, k, v, lf = _inputs(3, 45, 45, 2, 2, 16, seed=2)
+    lf[1, :10] = float("-inf")  # in the padding: counts for nothing
+    _grads_against_reference(q, k, v, lf, seq_start=torch.tensor([0, 10, 30]))
+    q, k, v, lf = _inputs(1, 60, 60, 2, 1, 16, seed=3)
+    _grads_against_reference(q, k, v, lf, cu_seqlens=torch.tensor([0, 7, 33, 60], dtype=torch.int32))
+    with torch.no_grad():
+        pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=-30.0)
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    assert (pruned.double() - want).abs().max() < 1e-5  # only weights under e^-30 were dropped
+
+
+def test_zero_gates_are_refused_by_the_triton_kernels():
+    if not INTERPRET:
+        pytest.skip("the Triton kernels on CPU tensors run in the interpreter")
+    q, k, v, lf = _inputs(2, 20, 20, 2, 2, 16)
+    with pytest.raises(ValueError, match=r"log_fgate must not hold -inf .* got -inf at \(b, t, h\) = \(0, "):
+        forgetting_attention(q, k, v, lf)
+    lf = random_log_fgate((2, 20, 2))
+    lf[1, :5] = float("-inf")  # padding only: fine
+    seq_start = torch.tensor([0, 5])
+    out = forgetting_attention(q, k, v, lf, seq_start=seq_start)
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double(), seq_start=seq_start)
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fn", ["reference", "forgetting_attention"])
+def test_nan_gate_gives_nan_rows_not_zeros(fn):
+    """A NaN gate at t (row 0, head 1): the queries from t on of that head are NaN; the earlier ones, the
+    other head and the other row match the reference; padded query rows stay 0."""
+    q, k, v, lf = _inputs(2, 30, 30, 2, 1, 16, zeros=0)
+    t = 11
+    lf[0, t, 1] = float("nan")
+    seq_start = torch.tensor([0, 4])
+    attend = forgetting_attention_ref if fn == "reference" else forgetting_attention
+    out = attend(q, k, v, lf, seq_start=seq_start)
+    assert out[0, t:, 1].isnan().all()
+    clean = lf.clone()
+    clean[0, t, 1] = -0.5
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), clean.double(), seq_start=seq_start)
+    keep = torch.ones_like(out, dtype=torch.bool)
+    keep[0, t:, 1] = False
+    torch.testing.assert_close(out.double()[keep], want[keep], rtol=1e-4, atol=1e-4)
+    assert out[1, :4].abs().max() == 0
+
+
+def test_decode_nan_prefix_sums_give_nan_rows_and_zero_gates_are_refused():
+    q, k, v, lf = _inputs(2, 25, 25, 2, 1, 16, zeros=0)
+    _, _, c = append_to_cache(None, None, None, k, v, lf)
+    c[1, 10:, 0] = float("nan")
+    out = forgetting_attention_with_kvcache(q[:, -3:], k, v, c)
+    assert out[1, :, 0].isnan().all()
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())[:, -3:]
+    torch.testing.assert_close(out[0].double(), want[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[1, :, 1].double(), want[1, :, 1], rtol=1e-4, atol=1e-4)
+    zero = lf.clone()
+    zero[1, 7, 1] = float("-inf")
+    with pytest.raises(ValueError, match=r"log_fgate_new must not hold -inf .* \(1, 7, 1\)"):
+        append_to_cache(None, None, None, k, v, zero)
+    c[1, 10:, 0] = float("-inf")
+    with pytest.raises(ValueError, match=r"c_cache must not hold -inf .* \(1, 10, 0\)"):
+        forgetting_attention_with_kvcache(q[:, -3:], k, v, c)
+    # in the padding, or past a row's length in a preallocated cache: not part of the sums
+    zero[1, :8] = float("-inf")
+    _, _, c = append_to_cache(None, None, None, k, v, zero, seq_start=torch.tensor([0, 8]))
+    assert torch.isfinite(c).all()
+    c[0, 20:] = float("-inf")
+    lens = torch.tensor([20, 25], dtype=torch.int32)
+    out = forgetting_attention_with_kvcache(q[:, -1:], k, v, c, lens, seq_start=torch.tensor([0, 8]))
+    assert torch.isfinite(out).all()
