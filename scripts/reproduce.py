@@ -237,7 +237,7 @@ def _speed(model, ids, log_eps: float, reps: int = 10) -> dict:
 
     def model_step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=ids, labels=ids).loss  # the mean loss, Hugging Face convention
         loss.float().mean().backward()
         model.zero_grad(set_to_none=True)
 

@@ -217,15 +217,15 @@ def test_loss_convention_and_gradient_checkpointing(tmp_path, kind):
     labels = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(2))
     ids = torch.roll(labels, 1, dims=1)
     ids[:, 0] = 1
-    out = model(ids, labels=labels)
+    out = model(ids, labels=labels, per_token_loss=True)
     assert out.logits is None and out.loss.shape == (2, 13)
     logits = model(ids).logits
     torch.testing.assert_close(out.loss, F.cross_entropy(logits.transpose(1, 2), labels, reduction="none"))
     model.train()
     params = [p for n, p in model.named_parameters() if n != "model.lower_bounds"]  # stored, unused (see module doc)
-    grads = torch.autograd.grad(model(ids, labels=labels).loss.mean(), params)
+    grads = torch.autograd.grad(model(ids, labels=labels).loss, params)
     model.gradient_checkpointing_enable()
-    ckpt = torch.autograd.grad(model(ids, labels=labels).loss.mean(), params)
+    ckpt = torch.autograd.grad(model(ids, labels=labels).loss, params)
     for a, b in zip(grads, ckpt):
         torch.testing.assert_close(a, b)
 
@@ -308,8 +308,10 @@ def test_errors_name_the_argument(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(d)
     with pytest.raises(ValueError, match="cu_seqlens"):
         model(torch.randint(0, V, (1, 6)), cu_seqlens=torch.tensor([0, 3, 6], dtype=torch.int32))
-    with pytest.raises(ValueError, match="right padding"):
-        model(torch.randint(0, V, (2, 6)), attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6]))
+    with pytest.raises(ValueError, match="one run of ones per row"):
+        model(torch.randint(0, V, (2, 6)), attention_mask=torch.tensor([[1, 0, 1, 1, 0, 0], [1] * 6]))
+    right = model(torch.arange(10, 16)[None].expand(2, -1), attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6])).logits
+    torch.testing.assert_close(right[0, :4], model(torch.arange(10, 14)[None]).logits[0], atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.gpu

@@ -152,11 +152,34 @@ def test_loss_convention_and_hidden_states(tmp_path):
     labels = torch.randint(0, V, (2, 17))
     ids = torch.roll(labels, 1, dims=1)
     ids[:, 0] = 1
-    out = model(ids, labels=labels, output_hidden_states=True)
+    out = model(ids, labels=labels, output_hidden_states=True, per_token_loss=True)
     assert out.logits is None and out.loss.shape == (2, 17)
     logits = model(ids).logits
     torch.testing.assert_close(out.loss, F.cross_entropy(logits.transpose(1, 2), labels, reduction="none"))
     assert len(out.hidden_states) == L + 1
+
+
+def test_hugging_face_loss_convention_and_tuples(tmp_path):
+    d, _, _ = _published_dir(tmp_path, "fox-pro")
+    model = AutoModelForCausalLM.from_pretrained(d)
+    ids = torch.randint(0, V, (3, 14), generator=torch.Generator().manual_seed(4))
+    labels = ids.clone()
+    labels[0, :5] = -100  # a prompt that is not scored
+    labels[2, 9:] = -100
+    out = model(ids, labels=labels)
+    assert out.loss.dim() == 0 and out.logits.shape == (3, 14, V)
+    ref = F.cross_entropy(out.logits[:, :-1].double().reshape(-1, V), labels[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss.double(), ref)
+    scored = int((labels[:, 1:] != -100).sum())
+    summed = model(ids, labels=labels, num_items_in_batch=torch.tensor(2 * scored)).loss
+    torch.testing.assert_close(summed * 2, out.loss)  # the Trainer's token count across micro-batches
+    out.loss.backward()
+    assert model.lm_head.weight.grad is not None
+    loss, logits = model(ids, labels=labels, return_dict=False)[:2]
+    torch.testing.assert_close(loss, out.loss)
+    torch.testing.assert_close(logits, out.logits)
+    assert isinstance(model(ids, return_dict=False), tuple)
+    torch.testing.assert_close(model(ids, position_ids=torch.arange(14)[None].expand(3, -1)).logits, model(ids).logits)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tmp_path):
@@ -202,12 +225,36 @@ def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path, check_left
     check_left_padded_generation(model, [torch.randint(3, V, (n,), generator=g) for n in (4, 11, 7)], 10)
 
 
-def test_right_padding_is_refused(tmp_path):
+@pytest.mark.parametrize("variant", ["fox-llama", "fox-pro", "transformer-pro"])
+def test_right_and_left_padding_give_the_unpadded_outputs(tmp_path, variant):
+    d, _, _ = _published_dir(tmp_path, variant)
+    model = AutoModelForCausalLM.from_pretrained(d).eval()
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(3, V, (n,), generator=g) for n in (9, 5, 7)]
+    T = 9
+    for side in ("right", "left"):
+        ids = torch.zeros(3, T, dtype=torch.long)
+        mask = torch.zeros(3, T, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            cols = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
+            ids[b, cols], mask[b, cols] = s, 1
+        logits = model(ids, attention_mask=mask).logits
+        for b, s in enumerate(seqs):
+            cols = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
+            torch.testing.assert_close(logits[b, cols], model(s[None]).logits[0], atol=2e-5, rtol=1e-4)
+        labels = torch.where(mask.bool(), ids, -100)
+        loss = model(ids, attention_mask=mask, labels=labels).loss
+        ref = torch.stack([model(s[None], labels=s[None]).loss * (len(s) - 1) for s in seqs]).sum() / sum(len(s) - 1 for s in seqs)
+        if side == "right":  # a right-padded row's scored tokens are its own; left padding shifts nothing in
+            torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_masks_with_holes_are_refused(tmp_path):
     d, _, _ = _published_dir(tmp_path, "fox-llama")
     model = AutoModelForCausalLM.from_pretrained(d)
     ids = torch.randint(0, V, (2, 6))
-    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6])
-    with pytest.raises(ValueError, match="left padding only"):
+    mask = torch.tensor([[1, 1, 0, 1, 1, 0], [1] * 6])
+    with pytest.raises(ValueError, match="one run of ones per row"):
         model(ids, attention_mask=mask)
 
 

@@ -124,7 +124,7 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
         if compiled and compile_mode in CUDA_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=inputs, labels=labels).loss.mean()
+            loss = model(input_ids=inputs, labels=labels, per_token_loss=True).loss.mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

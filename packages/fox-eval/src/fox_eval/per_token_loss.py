@@ -25,7 +25,7 @@ def sequence_losses(model, seqs: np.ndarray, batch_size: int, device: torch.devi
         inputs = torch.roll(labels, 1, dims=1)
         inputs[:, 0] = bos
         with autocast(device):
-            loss = model(input_ids=inputs, labels=labels).loss
+            loss = model(input_ids=inputs, labels=labels, per_token_loss=True).loss
         yield s, loss.double().cpu().numpy()
 
 

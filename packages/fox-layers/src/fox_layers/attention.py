@@ -54,6 +54,13 @@ class AttentionState:
                 setattr(self, name, t.index_select(0, index.to(t.device)))
 
 
+def _bare_linear(module: nn.Module) -> bool:
+    """A plain nn.Linear without hooks, whose weight and bias are its whole function, so its matmul can
+    join the fused input projection. Anything else (a PEFT/LoRA wrapper, a quantised linear, a module with
+    forward hooks) is called as a module, so what it adds takes effect."""
+    return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+
+
 class ForgettingAttentionLayer(nn.Module):
     """Forgetting Attention with the FoX (Pro) options of FOX.md section 3.
 
@@ -217,7 +224,8 @@ class ForgettingAttentionLayer(nn.Module):
         linears = self._input_linears(with_ogate)
         # torch 2.11's inductor fails to generate the fused form's inference graph (a Triton codegen
         # TypeError in get_block_shape, seen in fox-train's evaluation on an H200); the fusion is for training.
-        if not self.fuse_input_projections or (torch.compiler.is_compiling() and not torch.is_grad_enabled()):
+        if (not self.fuse_input_projections or (torch.compiler.is_compiling() and not torch.is_grad_enabled())
+                or not all(_bare_linear(m) for _, m in linears)):
             return {name: m(x) for name, m in linears}
         weights = [m.weight for _, m in linears]
         sizes = [m.out_features for _, m in linears]

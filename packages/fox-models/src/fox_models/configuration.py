@@ -8,6 +8,9 @@ from fox_models.compat import ConfigBase
 class _DecoderConfig(ConfigBase):
     """Fields shared by the FoX and Transformer configs (sizes, norms, tokens, RoPE base)."""
 
+    # transformers' standard names (generation, PEFT and the common tests read them) for the published ones
+    attribute_map = {"num_attention_heads": "num_heads"}
+
     def __init__(
         self,
         vocab_size: int = 32000,

@@ -16,7 +16,7 @@ from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, SwiGLUML
 from fox_models.cache import FoxCache
 from fox_models.compat import GenerationMixin
 from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
-from fox_models.loss import per_token_cross_entropy
+from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
 
 
 class TransformerAttention(ForgettingAttentionLayer):
@@ -57,19 +57,26 @@ class FoxBlock(nn.Module):
 
 
 def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, T) 0/1 mask -> (B,) index of the first real token. Only left padding is supported."""
-    if attention_mask is None or attention_mask.dim() != 2:
-        if attention_mask is not None:
-            raise ValueError(f"attention_mask must be 2-D (B, T) with left padding, got shape {tuple(attention_mask.shape)}")
+    """(B, T) 0/1 mask -> (B,) index of the first real token, or None without left padding.
+
+    Each row must be one run of ones: left padding (zeros first), right padding (zeros last) or both.
+    Causal attention never lets a real token see the right padding after it, so only the left padding
+    needs the kernel's ``seq_start``; the outputs at right-padding positions are meaningless, as in
+    every decoder-only model, and their labels should be -100."""
+    if attention_mask is None:
         return None
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be 2-D (B, T), got shape {tuple(attention_mask.shape)}")
     mask = attention_mask.bool()
-    lengths = mask.sum(-1)
-    seq_start = mask.shape[1] - lengths
-    expected = torch.arange(mask.shape[1], device=mask.device)[None, :] >= seq_start[:, None]
+    T = mask.shape[1]
+    pos = torch.arange(T, device=mask.device)[None, :]
+    seq_start = torch.where(mask, pos, T).amin(-1).clamp_max(T - 1)  # an all-padding row: start at the end
+    seq_end = torch.where(mask, pos + 1, 0).amax(-1)
+    expected = (pos >= seq_start[:, None]) & (pos < seq_end[:, None])
     if not torch.equal(mask, expected):
         raise ValueError(
-            "attention_mask must be left padding only (zeros then ones in every row); right padding or holes "
-            "are not supported: pad on the left (tokenizer.padding_side = 'left')"
+            "attention_mask must be padding: one run of ones per row, with zeros only before it (left padding) "
+            "or after it (right padding); masks with holes (e.g. packed documents) are not supported, use cu_seqlens"
         )
     return None if int(seq_start.max()) == 0 else seq_start
 
@@ -116,7 +123,10 @@ class _FoxPreTrainedBase(PreTrainedModel):
             if past > 0 and attention_mask.dim() == 2 and attention_mask.shape[1] != past + x.shape[1]:
                 raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, expected cache {past} "
                                  f"+ new {x.shape[1]}")
-            seq_start = seq_start_from_mask(attention_mask)
+            # with a cache the padding was read at the prefill and lives in the cache's states; generate()
+            # appends ones after right-padded prompts, so later masks need not be one run of ones
+            if past == 0:
+                seq_start = seq_start_from_mask(attention_mask)
         return x, cache, past, seq_start, use_cache, output_hidden_states
 
     def _run_blocks(self, x, cache, output_hidden_states, extra):
@@ -141,6 +151,15 @@ class _FoxPreTrainedBase(PreTrainedModel):
             hidden.append(x)
         return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache if use_cache else None,
                                        hidden_states=tuple(hidden) if hidden is not None else None)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained, plus what loads the folder without importing fox_models first:
+        ``auto_map`` in config.json and the small module it names (see ``fox_models.hub``)."""
+        from fox_models import hub
+
+        self.config.auto_map = hub.auto_map(self.config)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        hub.write_remote_module(save_directory)
 
     def _init_weights(self, module):
         std = self.config.initializer_range
@@ -229,6 +248,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         self,
         input_ids=None,
         attention_mask=None,
+        position_ids=None,
         past_key_values: FoxCache | None = None,
         inputs_embeds=None,
         labels=None,
@@ -237,10 +257,21 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         cu_seqlens=None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        per_token_loss: bool = False,
+        num_items_in_batch=None,
         **kwargs,
     ):
-        """With ``labels`` (B, T) (already shifted by the caller: ``input_ids = roll(labels, 1)``, BOS first)
-        returns the per-token loss (B, T) and ``logits=None``; without, the logits."""
+        """Hugging Face's causal-LM call. ``labels`` (B, T) are the input ids: the model shifts them (the
+        output at t is scored against label t + 1), ignores -100 and returns the mean loss over the scored
+        tokens (the sum over ``num_items_in_batch`` when the Trainer passes it), with the logits.
+
+        ``per_token_loss=True`` is the paper's convention (fox-train, fox-eval's per-token loss, the
+        published checkpoints' numbers): the caller has shifted (``input_ids = [BOS] + labels[:-1]``), the
+        output at t is scored against label t, and the loss is per token, (B, T) float32 (0 where a label
+        is -100), with ``logits=None`` (no (B, T, V) tensor at long context).
+
+        ``position_ids`` are accepted and not used: FoX has no positions, and the Transformer's RoPE
+        positions follow from the padding and the cache (the default position ids)."""
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
@@ -248,16 +279,22 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         )
         h = out.last_hidden_state
         loss = logits = None
-        if labels is not None:
-            if labels.shape != h.shape[:2]:
-                raise ValueError(f"labels must have shape {tuple(h.shape[:2])} (B, T), got {tuple(labels.shape)}")
-            # config.fuse_cross_entropy=False keeps the unfused (float32 log-softmax) loss everywhere
-            fused = None if getattr(self.config, "fuse_cross_entropy", True) else False
+        if labels is not None and labels.shape != h.shape[:2]:
+            raise ValueError(f"labels must have shape {tuple(h.shape[:2])} (B, T), got {tuple(labels.shape)}")
+        # config.fuse_cross_entropy=False keeps the unfused (float32 log-softmax) loss everywhere
+        fused = None if getattr(self.config, "fuse_cross_entropy", True) else False
+        if labels is not None and per_token_loss:
             loss = per_token_cross_entropy(h, self.lm_head.weight, labels, fused=fused)
         else:
             logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states)
+            if labels is not None:
+                per_token = per_token_cross_entropy(h[:, :-1], self.lm_head.weight, labels[:, 1:], fused=fused)
+                count = num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != IGNORE_INDEX).sum()
+                loss = per_token.sum() / count
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                        hidden_states=out.hidden_states)
+        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return output if return_dict else output.to_tuple()
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):

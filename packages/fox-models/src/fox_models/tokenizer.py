@@ -68,6 +68,15 @@ class JSONGPT2Tokenizer(GPT2Tokenizer):
     def _decode(self, token_ids, *args, **kwargs):
         return json_unescape(super()._decode(token_ids, *args, **kwargs))
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save_pretrained, plus the auto_map that lets AutoTokenizer find this class with
+        ``trust_remote_code=True`` and no ``import fox_models`` (see ``fox_models.hub``)."""
+        from fox_models import hub
+
+        files = super().save_pretrained(save_directory, *args, **kwargs)
+        hub.add_tokenizer_auto_map(save_directory, type(self).__name__)
+        return files
+
     @staticmethod
     def _escape(text):
         if isinstance(text, str):

@@ -284,7 +284,7 @@ def evaluate(fabric, model, source, n: int, batch: int, graphs: bool = False) ->
     for s in range(0, n, batch):
         inputs, labels = make_batch(source, list(range(s, min(n, s + batch))))
         _step_begin(graphs)
-        loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss.float()
+        loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device), per_token_loss=True).loss.float()
         part = loss.sum(0)
         total = part if total is None else total + part
     model.train()
@@ -445,7 +445,7 @@ def train(cfg: TrainConfig) -> Path:
             inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
             _step_begin(graphs)
             with _micro_batch(fabric, model, cfg.strategy, last=a == sampler.accum_steps - 1):
-                loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device)).loss
+                loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device), per_token_loss=True).loss
                 fabric.backward(loss.mean() / sampler.accum_steps)
             step_loss += loss.detach().float().mean() / sampler.accum_steps
             pos_loss = loss.detach().float() if pos_loss is None else pos_loss + loss.detach().float()
