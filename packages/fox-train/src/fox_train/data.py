@@ -72,28 +72,99 @@ def tokenize_documents(docs: list[str], tokenizer, cache_dir: str | None = None)
     return stream
 
 
-def load_token_file(path: str, dtype: str = "uint16") -> np.ndarray:
+def load_token_file(path: str, dtype: str = "uint16", name: str = "data.path") -> np.ndarray:
+    """The tokens of a ``.npy`` file or of a raw binary file of ``dtype`` integers, memory-mapped.
+
+    Refuses, in one line naming the setting (``name``: "data.path" or "data.heldout_path") and the file:
+    a missing, empty or unreadable file, a size that is no whole number of tokens, and non-integer data
+    (a float ``.npy`` would be cast to wrong ids, values in [0, 1) to zeros). Reads no tokens:
+    ``StreamSequences`` checks their values.
+    """
+    what = _file_label(path, name)
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"data.path {path!r} does not exist")
+        raise FileNotFoundError(f"{what} does not exist")
     if p.suffix == ".npy":
-        return np.load(p, mmap_mode="r")
-    return np.memmap(p, dtype=np.dtype(dtype), mode="r")
+        try:
+            tokens = np.load(p, mmap_mode="r")
+        except (ValueError, OSError) as e:
+            raise ValueError(f"{what} is not a readable .npy array of token ids: {e}") from None
+    else:
+        try:
+            np_dtype = np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"data.token_dtype must be a numpy integer dtype such as uint16, got {dtype!r}") from None
+        _require_integer_ids(np_dtype, what, " (data.token_dtype)")
+        size = p.stat().st_size
+        if size == 0 or size % np_dtype.itemsize:
+            raise ValueError(f"{what} holds {size} bytes, not a whole, non-zero number of {np_dtype} tokens "
+                             f"({np_dtype.itemsize} bytes each): is data.token_dtype right?")
+        tokens = np.memmap(p, dtype=np_dtype, mode="r")
+    _require_integer_ids(tokens.dtype, what)
+    if tokens.ndim != 1:
+        raise ValueError(f"{what} must hold a 1-D token stream, got shape {tokens.shape}")
+    return tokens
+
+
+def _file_label(path, name: str | None) -> str:
+    return f"{name} {str(path)!r}" if name else f"token file {str(path)!r}"
+
+
+def _require_integer_ids(dtype: np.dtype, what: str, via: str = "") -> None:
+    if dtype.kind not in "ui":
+        raise ValueError(f"{what} holds {dtype} values{via}: token ids must be integers")
+
+
+# Tokens read at once when checking a stream: 32 MiB of uint16, a small share of the memory of a run.
+_CHECK_CHUNK = 1 << 24
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: int | None, what: str) -> None:
+    """Every token of ``tokens`` (1-D, e.g. a memmap) is an integer in [0, vocab_size): one vectorised
+    pass, chunk by chunk (min and max per chunk; the first offender's position only in a failing chunk).
+    Unsigned ids that cannot reach vocab_size need no pass at all."""
+    _require_integer_ids(tokens.dtype, what)
+    signed = tokens.dtype.kind == "i"
+    if not signed and (vocab_size is None or np.iinfo(tokens.dtype).max < vocab_size):
+        return
+    for start in range(0, len(tokens), _CHECK_CHUNK):
+        chunk = np.asarray(tokens[start : start + _CHECK_CHUNK])
+        if signed and chunk.min() < 0:
+            i = int(np.argmax(chunk < 0))
+            raise ValueError(f"{what}: token id {int(chunk[i])} at position {_position(tokens, start + i)} is "
+                             "negative: token ids must lie in [0, vocab_size)")
+        if vocab_size is not None and chunk.max() >= vocab_size:
+            i = int(np.argmax(chunk >= vocab_size))
+            raise ValueError(f"{what}: token id {int(chunk[i])} at position {_position(tokens, start + i)} >= the "
+                             f"model's vocab_size {vocab_size}: the data was tokenized with another vocabulary")
+
+
+def _position(tokens: np.ndarray, i: int) -> int:
+    """Position ``i`` of ``tokens`` counted in the whole file when ``tokens`` is a slice of a memmap (the
+    held-out split of one file), else ``i``."""
+    root = tokens
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if not isinstance(root, np.memmap) or tokens.strides[0] != tokens.itemsize:
+        return i
+    return i + (tokens.ctypes.data - root.ctypes.data) // tokens.itemsize
 
 
 class StreamSequences:
-    """Consecutive windows of ``seq_len`` tokens of one stream (documents separated by EOT)."""
+    """Consecutive windows of ``seq_len`` tokens of one stream (documents separated by EOT).
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, vocab_size: int | None = None):
+    Every token is checked once, here, against ``vocab_size`` (``check_token_ids``), so bad data fails
+    before the first step, naming the file (``name``, e.g. "data.path", or the memmap's file).
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, vocab_size: int | None = None, name: str | None = None):
+        filename = getattr(tokens, "filename", None)
+        what = _file_label(filename, name) if filename else (name or "the token stream")
         if tokens.ndim != 1:
-            raise ValueError(f"token stream must be 1-D, got shape {tokens.shape}")
+            raise ValueError(f"{what} must be a 1-D token stream, got shape {tokens.shape}")
         if len(tokens) < seq_len:
-            raise ValueError(f"the data holds {len(tokens)} tokens, fewer than one sequence of seq_len={seq_len}")
-        if vocab_size is not None and len(tokens) and int(tokens[: 1 << 20].max()) >= vocab_size:
-            raise ValueError(
-                f"token id {int(tokens[: 1 << 20].max())} >= the model's vocab_size {vocab_size}: "
-                "the data was tokenized with another vocabulary"
-            )
+            raise ValueError(f"{what} holds {len(tokens)} tokens, fewer than one sequence of seq_len={seq_len}")
+        check_token_ids(tokens, vocab_size, what)
         self.tokens, self.seq_len = tokens, seq_len
 
     def __len__(self) -> int:
