@@ -48,3 +48,14 @@ def test_compile_fullgraph_forward_and_backward(device):
     torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-4, atol=1e-3)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g.double(), r, rtol=1e-3, atol=1e-3)
+
+
+def test_compile_fullgraph_with_thresholds():
+    """The argument checks (threshold values on the CPU) stay out of the traced graph: no graph break."""
+    q, k, v, lf = _args("cpu")
+    thr = torch.full((2, 4), -3.0)
+    for threshold in (-3.0, thr):
+        compiled = torch.compile(lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold=threshold),
+                                 fullgraph=True, backend="aot_eager")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(q, k, v, lf), forgetting_attention(q, k, v, lf, adaptive_threshold=thr))

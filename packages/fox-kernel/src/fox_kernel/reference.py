@@ -41,8 +41,7 @@ def decay_bias(c_rows, zeros_rows, c_cols, zeros_cols):
     """``c_i - c_j`` for every (row i, column j), -inf where a gate of exactly 0 lies in (j, i] (the rows'
     and columns' counts of such gates differ). Inputs (..., I) and (..., J); returns (..., I, J)."""
     bias = c_rows[..., :, None] - c_cols[..., None, :]
-    same = zeros_rows[..., :, None] == zeros_cols[..., None, :]
-    return torch.where(same, bias, torch.full_like(bias, float("-inf")))
+    return bias.masked_fill(zeros_rows[..., :, None] != zeros_cols[..., None, :], float("-inf"))
 
 
 def _attend(q, k, v, log_fgate, seq_start, sm_scale):
