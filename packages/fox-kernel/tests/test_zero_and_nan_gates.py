@@ -149,3 +149,27 @@ def test_decode_nan_prefix_sums_give_nan_rows_and_zero_gates_are_refused():
     lens = torch.tensor([20, 25], dtype=torch.int32)
     out = forgetting_attention_with_kvcache(q[:, -1:], k, v, c, lens, seq_start=torch.tensor([0, 8]))
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_cuda_rows_after_a_zero_or_nan_gate_are_nan_never_finite_and_wrong(dtype):
+    """On CUDA a gate of 0 is not checked (that would wait for the GPU): the rows it changes must come out
+    NaN, never finite and wrong; the other rows match the reference. NaN gates and NaN prefix sums in the
+    decode cache likewise."""
+    q, k, v, lf = _inputs(2, 300, 300, 2, 1, 64, zeros=0)
+    z = 137
+    for bad in (float("-inf"), float("nan")):
+        gates = lf.clone()
+        gates[0, z, 1] = bad
+        out = forgetting_attention(*(x.cuda().to(dtype) for x in (q, k, v)), gates.cuda()).cpu()
+        assert out[0, z:, 1].isnan().all(), bad
+        keep = torch.ones_like(out, dtype=torch.bool)
+        keep[0, z:, 1] = False
+        want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+        torch.testing.assert_close(out.double()[keep], want[keep], rtol=3e-2, atol=3e-2)
+    _, _, c = append_to_cache(None, None, None, k, v, lf)
+    c[1, 10:, 0] = float("nan")
+    out = forgetting_attention_with_kvcache(*(x.cuda().to(dtype) for x in (q[:, -2:], k, v)), c.cuda()).cpu()
+    assert out[1, :, 0].isnan().all() and torch.isfinite(out[0]).all()
