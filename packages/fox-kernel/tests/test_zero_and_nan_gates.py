@@ -138,6 +138,12 @@ def test_decode_nan_prefix_sums_give_nan_rows_and_zero_gates_are_refused():
     zero[1, 7, 1] = float("-inf")
     with pytest.raises(ValueError, match=r"log_fgate_new must not hold -inf .* \(1, 7, 1\)"):
         append_to_cache(None, None, None, k, v, zero)
+    from fox_kernel import append_to_paged_cache
+
+    pool = torch.zeros(8, 16, 1, 16)
+    with pytest.raises(ValueError, match=r"log_fgate_new must not hold -inf .* \(1, 7, 1\)"):
+        append_to_paged_cache(pool, pool.clone(), torch.zeros(8, 16, 2), torch.arange(8, dtype=torch.int32).view(2, 4),
+                              torch.zeros(2, dtype=torch.int32), k, v, zero)
     c[1, 10:, 0] = float("-inf")
     with pytest.raises(ValueError, match=r"c_cache must not hold -inf .* \(1, 10, 0\)"):
         forgetting_attention_with_kvcache(q[:, -3:], k, v, c)
