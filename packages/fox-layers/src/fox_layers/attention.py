@@ -33,6 +33,13 @@ class AttentionState:
 
     k, v: (B, T, Hkv, D); c: (B, T, H) float32 prefix sums of the log gates; k_shift, v_shift: the last
     token's un-mixed projections (B, Hkv * D) for the token shift; seq_start: (B,) left padding.
+
+    ``record_past``: also keep the un-mixed projections of every cached token (k_history, v_history,
+    (B, T, Hkv * D), only for a shifted k or v), so that ``truncate`` can roll the state back to any earlier
+    length (speculative decoding). The shift state of a token is its un-mixed projection, which nothing
+    else keeps and which cannot be recomputed from the mixed, normalised k and v of the cache; so it is
+    recorded, at the cost of one more k/v-sized tensor per shifted projection. Off by default: decoding
+    then keeps the last token's only.
     """
 
     k: torch.Tensor | None = None
@@ -41,17 +48,76 @@ class AttentionState:
     k_shift: torch.Tensor | None = None
     v_shift: torch.Tensor | None = None
     seq_start: torch.Tensor | None = None
+    k_history: torch.Tensor | None = None
+    v_history: torch.Tensor | None = None
+    record_past: bool = False
+
+    _batched = ("k", "v", "c", "k_shift", "v_shift", "seq_start", "k_history", "v_history")
 
     @property
     def length(self) -> int:
         return 0 if self.k is None else self.k.shape[1]
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Select batch rows (beam search)."""
-        for name in ("k", "v", "c", "k_shift", "v_shift", "seq_start"):
+    def append(self, k, v, log_fgate, k_unmixed=None, v_unmixed=None) -> None:
+        """Add a chunk: k, v (B, Tn, Hkv, D) as attended, log_fgate (B, Tn, H) float32, and the chunk's
+        un-mixed projections (B, Tn, Hkv * D) of a shifted k / v (None without a shift)."""
+        self.k, self.v, self.c = append_to_cache(self.k, self.v, self.c, k, v, log_fgate, self.seq_start)
+        for name, unmixed in (("k", k_unmixed), ("v", v_unmixed)):
+            if unmixed is None:
+                continue
+            setattr(self, f"{name}_shift", unmixed[:, -1])
+            old = getattr(self, f"{name}_history")
+            if not self.record_past:  # a history that stops growing could never be used: free it
+                setattr(self, f"{name}_history", None)
+            elif old is None:  # recording from the first chunk on, else the history would not cover the cache
+                setattr(self, f"{name}_history", unmixed if self.length == unmixed.shape[1] else None)
+            else:
+                setattr(self, f"{name}_history", torch.cat([old, unmixed], dim=1))
+
+    @property
+    def can_truncate(self) -> bool:
+        """Whether ``truncate`` can restore any earlier length: always without a token shift, else only with
+        the history of ``record_past`` covering every cached token."""
+        return all(getattr(self, f"{n}_shift") is None or (h := getattr(self, f"{n}_history")) is not None
+                   and h.shape[1] == self.length for n in ("k", "v"))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens, as if the later ones had never been appended."""
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        if length >= self.length:
+            return
+        if not self.can_truncate:
+            raise ValueError("cannot truncate a state with a token shift that was not recording its past: set "
+                             "record_past=True (Cache.activate_past_recording()) before appending")
+        if length == 0:
+            self.reset()
+            return
+        self.k, self.v, self.c = self.k[:, :length], self.v[:, :length], self.c[:, :length]
+        for n in ("k", "v"):
+            history = getattr(self, f"{n}_history")
+            if history is not None:
+                setattr(self, f"{n}_history", history[:, :length])
+                setattr(self, f"{n}_shift", history[:, length - 1])
+
+    def reset(self) -> None:
+        """Empty the state, left padding included (``record_past`` stays)."""
+        self.k = self.v = self.c = self.k_shift = self.v_shift = self.k_history = self.v_history = None
+        self.seq_start = None
+
+    def _map(self, fn) -> None:
+        for name in self._batched:
             t = getattr(self, name)
             if t is not None:
-                setattr(self, name, t.index_select(0, index.to(t.device)))
+                setattr(self, name, fn(t))
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Select batch rows (beam search)."""
+        self._map(lambda t: t.index_select(0, index.to(t.device)))
+
+    def repeat_interleave(self, repeats: int) -> None:
+        """Repeat every batch row ``repeats`` times (row b becomes rows b * repeats ... b * repeats + repeats - 1)."""
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
 
 
 def _bare_linear(module: nn.Module) -> bool:
@@ -249,16 +315,20 @@ class ForgettingAttentionLayer(nn.Module):
         return self._project(x, seq_start, cu_seqlens, past, k_state, v_state)[:6]
 
     def _project(self, x, seq_start=None, cu_seqlens=None, past: int = 0, k_state=None, v_state=None,
-                 with_ogate: bool = False):
-        """``project`` plus, with ``with_ogate``, the output gate's logits (or None), from the same matmul."""
+                 with_ogate: bool = False, whole_chunk_states: bool = False):
+        """``project`` plus, with ``with_ogate``, the output gate's logits (or None), from the same matmul.
+        ``whole_chunk_states``: the shift states returned are the chunk's un-mixed projections (B, T, kv_dim)
+        rather than their last row (a recording ``AttentionState`` keeps them all)."""
         B, T, _ = x.shape
         y = self._input_projections(x, with_ogate)
         k, k_shift = y["k"], None
         if "k_shift" in y:
             k, k_shift = self.k_proj.mix(k, y["k_shift"], k_state, seq_start, cu_seqlens, past)
+            k_shift = y["k"] if whole_chunk_states else k_shift
         v, v_shift = y["v"], None
         if "v_shift" in y:
             v, v_shift = self.v_proj.mix(v, y["v_shift"], v_state, seq_start, cu_seqlens, past)
+            v_shift = y["v"] if whole_chunk_states else v_shift
         q = y["q"]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -301,7 +371,8 @@ class ForgettingAttentionLayer(nn.Module):
             g = None
         else:
             q, k, v, log_fgate, k_shift, v_shift, g = self._project(
-                x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift, with_ogate=True
+                x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift, with_ogate=True,
+                whole_chunk_states=True,
             )
         dtype = v.dtype
         if state is None or past == 0:
@@ -310,8 +381,7 @@ class ForgettingAttentionLayer(nn.Module):
                 adaptive_threshold=self.pruning_threshold(T),
             )
         if state is not None:
-            state.k, state.v, state.c = append_to_cache(state.k, state.v, state.c, k, v, log_fgate, seq_start)
-            state.k_shift, state.v_shift = k_shift, v_shift
+            state.append(k, v, log_fgate, k_shift, v_shift)
             if past > 0:
                 o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start)
         o = o.reshape(B, T, self.hidden_size).to(dtype)

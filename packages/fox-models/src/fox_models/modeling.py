@@ -13,7 +13,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, SwiGLUMLP
-from fox_models.cache import FoxCache
+from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import GenerationMixin
 from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
@@ -230,19 +230,35 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the cache is a FoxCache, made in prepare_inputs_for_generation
+        return False  # the cache is the model's own (new_cache), made in _prepare_cache_for_generation
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        """``generate()`` makes a ``DynamicCache`` for most models; these models need their own cache."""
+        cache = model_kwargs.get("past_key_values")
+        if cache is not None:
+            if not isinstance(cache, LayerCache):
+                raise TypeError(f"past_key_values must be this model's cache ({type(self.model.new_cache()).__name__}, "
+                                f"from model.model.new_cache()), got {type(cache).__name__}")
+            return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        if generation_config.use_cache is False:
+            return
+        if generation_config.cache_implementation not in (None, "dynamic"):
+            raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
+                             "these models decode with their own growing cache")
+        model_kwargs["past_key_values"] = self.model.new_cache()
+        if generation_config.is_assistant:  # an assistant's cache is rolled back after each round
+            model_kwargs["past_key_values"].activate_past_recording()
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
-        if past_key_values is None:
+        """transformers' preparation (the new tokens, or the prompt's embeddings at the first step; every
+        other keyword forwarded), with this model's cache; positions are not needed."""
+        if use_cache and past_key_values is None:
             past_key_values = self.model.new_cache()
-        past = past_key_values.get_seq_length()
-        inputs = {"past_key_values": past_key_values, "use_cache": use_cache, "attention_mask": attention_mask}
-        if inputs_embeds is not None and past == 0:
-            inputs["inputs_embeds"] = inputs_embeds
-        else:
-            inputs["input_ids"] = input_ids[:, past:]
-        return inputs
+        kwargs.pop("position_ids", None)
+        return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values,
+                                                     attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                                                     use_cache=use_cache, **kwargs)
 
     def forward(
         self,

@@ -1,0 +1,102 @@
+"""Generation through transformers' cache protocol: assisted and prompt-lookup decoding roll the cache back
+(``crop``) and must give plain greedy decoding's tokens; beam search reorders it; the cache is a
+transformers ``Cache`` (CPU, tiny models)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.cache_utils import Cache
+
+from fox_models.presets import get_preset
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=97, bos_token_id=1, eos_token_id=2)
+FAMILIES = ["fox-pro", "fox-llama", "transformer-pro", "transformer-llama"]
+GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def tiny_model(family, seed=0, **overrides):
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(get_preset(f"{family}-125m", **{**TINY, **overrides})).eval()
+
+
+def prompt(batch=1, length=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    motif = torch.randint(3, 97, (batch, 4), generator=g)
+    return motif.repeat(1, length // 4 + 1)[:, :length]  # repeats: prompt lookup finds candidates
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cache_is_a_transformers_cache_and_crops_exactly(family):
+    """After crop the cache equals the cache of the shorter prefix, shift states included, and decoding
+    from it gives the logits of a full forward."""
+    model = tiny_model(family)
+    ids = prompt(2, 11)
+    cache = model.model.new_cache()
+    assert isinstance(cache, Cache)
+    cache.activate_past_recording()
+    model(ids[:, :5], past_key_values=cache)
+    model(ids[:, 5:9], past_key_values=cache)
+    assert cache.get_seq_length() == 9 and cache.is_croppable
+    cache.crop(-3)
+    assert cache.get_seq_length() == 6
+    short = model.model.new_cache()
+    model(ids[:, :6], past_key_values=short)
+    for a, b in zip(cache.layers, short.layers):
+        for name in ("k", "v", "c", "k_shift", "v_shift"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                torch.testing.assert_close(x, y, msg=name)
+    step = model(ids[:, 6:11], past_key_values=cache).logits
+    torch.testing.assert_close(step, model(ids).logits[:, 6:], rtol=1e-4, atol=1e-5)
+    cache.crop(4)  # a positive number: the length to keep (transformers 4.x's crop(max_length))
+    assert cache.get_seq_length() == 4
+
+
+def test_crop_needs_the_recorded_past_with_a_token_shift():
+    model = tiny_model("fox-pro")
+    cache = model.model.new_cache()
+    model(prompt(1, 6), past_key_values=cache)
+    assert not cache.is_croppable
+    with pytest.raises(ValueError, match="record_past"):
+        cache.crop(-1)
+    plain = tiny_model("fox-llama")
+    cache = plain.model.new_cache()
+    plain(prompt(1, 6), past_key_values=cache)
+    assert cache.is_croppable  # no token shift: K, V and the prefix sums are all there is
+    cache.crop(-2)
+    assert cache.get_seq_length() == 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_assisted_decoding_equals_greedy(family):
+    model = tiny_model(family)
+    ids = prompt(1, 12)
+    plain = model.generate(ids, max_new_tokens=12, **GREEDY)
+    for assistant in (tiny_model(family), tiny_model(family, seed=5), tiny_model("fox-llama", seed=7)):
+        assisted = model.generate(ids, assistant_model=assistant, max_new_tokens=12, **GREEDY)
+        assert torch.equal(assisted, plain)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prompt_lookup_decoding_equals_greedy(family):
+    model = tiny_model(family)
+    ids = prompt(1, 16)
+    plain = model.generate(ids, max_new_tokens=16, **GREEDY)
+    lookup = model.generate(ids, prompt_lookup_num_tokens=3, max_new_tokens=16, **GREEDY)
+    assert torch.equal(lookup, plain)
+
+
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama"])
+def test_beam_search_sequences_score_like_full_forwards(family):
+    """Each returned beam's score is its summed log-probability under a full forward (no cache), which
+    holds only if the cache followed every beam's reordering."""
+    model = tiny_model(family)
+    ids = prompt(2, 7)
+    out = model.generate(ids, num_beams=3, num_return_sequences=3, max_new_tokens=6, output_scores=True,
+                         return_dict_in_generate=True, length_penalty=0.0, **GREEDY)
+    seqs = out.sequences
+    logp = model(seqs).logits.float().log_softmax(-1)
+    new = seqs[:, 7:]
+    scores = logp[:, 6:-1].gather(-1, new[..., None])[..., 0].sum(-1)
+    torch.testing.assert_close(scores, out.sequences_scores, rtol=1e-4, atol=1e-4)
