@@ -128,3 +128,23 @@ def test_check_token_ids_on_in_memory_streams():
     check_token_ids(np.arange(VOCAB, dtype=np.uint16), VOCAB, "stream")
     with pytest.raises(ValueError, match=rf"^stream: token id {VOCAB} at position {VOCAB} >="):
         check_token_ids(np.arange(VOCAB + 1, dtype=np.int64), VOCAB, "stream")
+
+
+def test_fox_train_refuses_bad_token_files_before_the_first_step(tmp_path):
+    """Through the command line: one line, before any step (no run folder with metrics)."""
+    from fox_train.cli import main
+
+    small = ["model.hidden_size=64", "model.num_hidden_layers=2", "model.num_heads=2", "data.seq_len=64",
+             "micro_batch_size=4", "global_batch_tokens=256", "schedule.total_tokens=1024", "eval_sequences=4",
+             f"out_dir={tmp_path}", "run_name=bad", "data=tokens", "export=false"]
+    floats = tmp_path / "floats.npy"
+    np.save(floats, np.random.default_rng(0).random(20_000).astype(np.float32))
+    with pytest.raises(SystemExit, match=rf"^fox-train: data.path '{floats}' holds float32 values: token ids must be"):
+        main([*small, f"data.path={floats}"])
+    ids = tmp_path / "ids.npy"
+    bad = _ids((1 << 20) + 4096, np.uint16)
+    bad[(1 << 20) + 100] = 60_000  # past the first 2^20 tokens, which were all that was checked
+    np.save(ids, bad)
+    with pytest.raises(SystemExit, match=r"token id 60000 at position 1048676 >= the model's vocab_size"):
+        main([*small, f"data.path={ids}"])
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
