@@ -1,0 +1,139 @@
+"""``generate()`` speed of FoX against transformers' own Llama of the same width, depth and vocabulary.
+
+For each model, batch size and prompt length: the prefill (one forward over the prompt that fills the
+cache, median of ``--reps``), greedy decoding of ``--new-tokens`` tokens (tokens/s over the whole batch,
+after the prefill), and the peak GPU memory of the whole generate() call. bf16 weights, random init
+(speed does not depend on the values). Contenders:
+
+- FoX (Pro), FoX (LLaMA) and the project's Transformer (LLaMA) (fox_models presets at ``--size``);
+- ``LlamaForCausalLM`` (SDPA) with transformers' dynamic cache, and with a static cache + torch.compile
+  (``--static``; compiles once per batch and prompt shape).
+
+Prints a table and writes JSON:
+
+    python packages/fox-models/benchmarks/generate.py --size 125m --batch 1 32 --prompt 2048 16384 --out gen.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import fox_models  # noqa: F401  (registers the model types)
+from fox_layers.mlp import intermediate_size_for
+from fox_models.presets import get_preset
+
+FOX_MODELS = {"FoX (Pro)": "fox-pro", "FoX (LLaMA)": "fox-llama", "Transformer (LLaMA)": "transformer-llama"}
+
+
+def llama_like(config) -> LlamaForCausalLM:
+    """transformers' Llama with the FoX config's width, depth, heads, MLP size and vocabulary."""
+    inter = config.intermediate_size or intermediate_size_for(config.hidden_size, config.hidden_ratio)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads or config.num_heads,
+        intermediate_size=inter, max_position_embeddings=32768, rope_theta=500000.0, tie_word_embeddings=False,
+        attn_implementation="sdpa", bos_token_id=50256, eos_token_id=50256, pad_token_id=50256))
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, reps: int) -> tuple[float, object]:
+    """Median seconds of ``reps`` calls after one warm-up, and the last result."""
+    out = fn()
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2], out
+
+
+@torch.no_grad()
+def measure(model, batch: int, prompt: int, new_tokens: int, reps: int, device, gen_kwargs=None) -> dict:
+    ids = torch.randint(0, 50000, (batch, prompt), device=device, generator=torch.Generator(device).manual_seed(0))
+    gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=50256,
+               **(gen_kwargs or {}))
+    prefill_s, _ = timed(lambda: model.generate(ids, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1}), device, reps)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    total_s, out = timed(lambda: model.generate(ids, **gen), device, reps)
+    assert out.shape == (batch, prompt + new_tokens), out.shape
+    decode_s = max(total_s - prefill_s, 1e-9)
+    return {"prefill_ms": prefill_s * 1e3, "decode_tokens_per_s": batch * (new_tokens - 1) / decode_s,
+            "total_s": total_s,
+            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="125m")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--prompt", type=int, nargs="+", default=[2048, 16384])
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--static", action="store_true", help="also Llama with a static cache + torch.compile")
+    ap.add_argument("--models", nargs="+", help="subset of the model names (default: all)")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer width-64 model (a CPU smoke run)")
+    ap.add_argument("--out", default="generate.json")
+    args = ap.parse_args()
+    if min(args.batch + args.prompt) < 1 or args.new_tokens < 2 or args.reps < 1:
+        raise SystemExit("generate.py: --batch and --prompt must be >= 1, --new-tokens >= 2, --reps >= 1")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shape = dict(hidden_size=64, num_hidden_layers=2, num_heads=2) if args.tiny else {}
+    builders = {name: (lambda fam=fam: AutoModelForCausalLM.from_config(get_preset(f"{fam}-{args.size}", **shape)))
+                for name, fam in FOX_MODELS.items()}
+    llama_config = get_preset(f"fox-llama-{args.size}", **shape)
+    builders["HF Llama (SDPA, dynamic cache)"] = lambda: llama_like(llama_config)
+    if args.static:
+        builders["HF Llama (SDPA, static cache + compile)"] = lambda: llama_like(llama_config)
+    names = args.models or list(builders)
+    unknown = [n for n in names if n not in builders]
+    if unknown:
+        raise SystemExit(f"generate.py: --models: unknown {unknown}; known: {list(builders)}")
+    rows = []
+    for name in names:
+        model = builders[name]().to(device=device, dtype=dtype).eval()
+        gen_kwargs = None
+        if "static" in name:
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+            gen_kwargs = {"cache_implementation": "static"}
+        for batch in args.batch:
+            for prompt in args.prompt:
+                try:
+                    r = measure(model, batch, prompt, args.new_tokens, args.reps, device, gen_kwargs)
+                except torch.OutOfMemoryError:
+                    r = {"error": "out of memory"}
+                    torch.cuda.empty_cache()
+                rows.append({"model": name, "batch": batch, "prompt": prompt, **r})
+                print(json.dumps(rows[-1]), flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"\n{'model':42s} {'batch':>5s} {'prompt':>6s} {'prefill ms':>10s} {'decode tok/s':>12s} {'peak GiB':>8s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['model']:42s} {r['batch']:5d} {r['prompt']:6d} {r['error']}")
+            continue
+        peak = f"{r['peak_gib']:8.2f}" if r["peak_gib"] is not None else "     n/a"
+        print(f"{r['model']:42s} {r['batch']:5d} {r['prompt']:6d} {r['prefill_ms']:10.1f} {r['decode_tokens_per_s']:12,.0f} {peak}")
+    env = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+           "transformers": __import__("transformers").__version__, "dtype": str(dtype), "size": args.size,
+           "new_tokens": args.new_tokens, "reps": args.reps}
+    with open(args.out, "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
