@@ -8,7 +8,8 @@
     fox-train tokenize INPUT OUTPUT.npy    text file/folder -> uint16 token file
     fox-train export CHECKPOINT_DIR OUT    any checkpoint -> Hugging Face directory
 
-Errors in the command line or the configuration end the program with one line ``fox-train: ...``.
+Errors in the command line or the configuration end the program with one line ``fox-train: ...``; so do
+Ctrl-C and SIGTERM, after saving a checkpoint (exit status 128 + the signal's number).
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from fox_train.config import DataConfig, ModelConfig, TrainConfig, check, register
+from fox_train.config import (
+    DataConfig,
+    ModelConfig,
+    TrainConfig,
+    leaves,
+    load_config,
+    register,
+    resumed_config,
+)
 
 
 class RunError(Exception):
@@ -73,11 +82,36 @@ def _register_resolvers() -> None:
             OmegaConf.register_new_resolver(name, fn, use_cache=True)
 
 
+def _command_line_keys(cfg: TrainConfig) -> set[str]:
+    """The config keys this job's command line sets: those its overrides name, and those whose value
+    differs from the default composition's (a group option or an experiment sets many)."""
+    from hydra import compose as hydra_compose
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    named = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))}
+    given = leaves(OmegaConf.to_container(OmegaConf.structured(cfg)))
+    default = leaves(OmegaConf.to_container(OmegaConf.structured(_train_config(hydra_compose(config_name="config")))))
+    return named | {k for k in given.keys() | default.keys() if given.get(k) != default.get(k)}
+
+
+def _resumed(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
+    """With resume=true in a run directory that has a config.yaml: the saved config, with the RESUMABLE
+    values this command line sets; ValueError naming the keys it sets to other values."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return cfg
+    return resumed_config(load_config(saved), OmegaConf.to_container(OmegaConf.structured(cfg)), saved,
+                          _command_line_keys(cfg))
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _app(dict_cfg: DictConfig) -> str:
     """One job: train in the run directory Hydra made for it (hydra.run.dir, or a sweep job's directory)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+
+    from fox_train.train import Interrupted, train
 
     cfg = _train_config(dict_cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -86,15 +120,18 @@ def _app(dict_cfg: DictConfig) -> str:
         cfg.run_name = str(run_dir.relative_to(out))
     else:  # hydra.run.dir / hydra.sweep.dir set outside out_dir
         cfg.out_dir, cfg.run_name = str(run_dir.parent), run_dir.name
-    from fox_train.train import train
-
     try:
-        check(cfg)
+        if cfg.resume:
+            cfg = _resumed(cfg, run_dir)
         done = train(cfg)
-    except (FileNotFoundError, ValueError, ImportError) as e:
+    except (OSError, ValueError, ImportError) as e:  # OSError: a missing file, a full or read-only disk
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise RunError(str(e)) from None  # Hydra records the failed job, the sweep goes on, main() reports it
         raise SystemExit(f"fox-train: {e}") from None
+    except Interrupted as e:  # a sweep stops too
+        if e.is_global_zero:
+            print(f"fox-train: {e}", file=sys.stderr)
+        raise SystemExit(128 + e.signum) from None
     print(f"done: {done}")
     return str(done)
 
@@ -112,9 +149,12 @@ def _tokenize(args) -> None:
     import fox_models
     from fox_train.data import text_documents, tokenize_documents
 
-    docs = text_documents(args.input)
-    tokens = tokenize_documents(docs, fox_models.JSONGPT2Tokenizer())
-    np.save(args.output, np.asarray(tokens))
+    try:
+        docs = text_documents(args.input)
+        tokens = tokenize_documents(docs, fox_models.JSONGPT2Tokenizer())
+        np.save(args.output, np.asarray(tokens))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"fox-train tokenize: {e}") from None
     print(f"{len(docs)} documents, {len(tokens):,} tokens -> {args.output}")
 
 
@@ -122,9 +162,10 @@ def _export(args) -> None:
     from fox_train.train import export_checkpoint
 
     path = Path(args.checkpoint)
-    if not (path / "state.pt").exists():
-        raise SystemExit(f"fox-train export: {path} is not a checkpoint directory (no state.pt)")
-    export_checkpoint(path, Path(args.output))
+    try:
+        export_checkpoint(path, Path(args.output))
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"fox-train export: {e}") from None
     print(f"exported {path} -> {args.output}")
 
 
@@ -173,6 +214,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"fox-train: {e}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise SystemExit(f"fox-train: bad configuration: {_one_line(e)}") from None
+    except OSError as e:  # Hydra cannot make the run directory or write its log
+        raise SystemExit(f"fox-train: {e}") from None
+    except KeyboardInterrupt:  # outside the training steps (which save a checkpoint first), or a second Ctrl-C
+        print("fox-train: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     finally:
         sys.argv = saved_argv
         if saved_full_error is None:

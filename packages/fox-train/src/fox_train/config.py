@@ -7,10 +7,14 @@ experiments under ``longcrawl64/<dir>/<name>``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from fox_models.presets import PRESETS, get_preset
 
@@ -166,12 +170,14 @@ class TrainConfig:
     log_every: int = 5
     checkpoint_every: int = 60
     keep_last: int = 2
-    """Checkpoints kept from the newest back."""
+    """Checkpoints kept from the newest back (at least 1)."""
     keep_every: int = 0
     """Also keep every checkpoint whose step is a multiple of this (0: none)."""
     resume: bool = False
     """Continue from the newest complete checkpoint of ``run_name`` (the newest run if unset): weights,
-    optimizer state and step."""
+    optimizer state and step, under the run's saved ``config.yaml``. Command-line values that differ from
+    it are refused, except for the keys in ``RESUMABLE`` (e.g. ``schedule.total_tokens`` to extend a
+    finished run). Without ``resume``, a run directory that holds checkpoints is refused."""
     init_from: str | None = None
     """Warm start (fork): begin this run at step 0 with a fresh optimizer from the model weights of another
     run: a checkpoint directory (``outputs/<run>/checkpoints/step-XXXXXXXX``), a run directory (its newest
@@ -255,8 +261,25 @@ def register() -> None:
         cs.store(group="strategy", name=name, node=StrategyConfig(name=name))
 
 
+# (key, lowest value): counts and intervals that would otherwise divide by zero, train nothing or delete
+# every checkpoint (keep_last=0)
+AT_LEAST = (("data.seq_len", 1), ("micro_batch_size", 1), ("global_batch_tokens", 1), ("log_every", 1),
+            ("eval_every", 1), ("eval_sequences", 1), ("checkpoint_every", 1), ("keep_last", 1), ("keep_every", 0),
+            ("schedule.total_tokens", 1), ("schedule.warmup_tokens", 0), ("schedule.min_lr_ratio", 0),
+            ("optimizer.lr", 0), ("optimizer.weight_decay", 0), ("optimizer.grad_clip", 0), ("strategy.num_nodes", 1))
+
+
 def check(cfg: TrainConfig) -> None:
     """Errors a run would meet late, raised before it starts (ValueError naming the field)."""
+    for key, low in AT_LEAST:
+        value = attrgetter(key)(cfg)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or math.isinf(value):
+            raise ValueError(f"{key} must be a number >= {low}, got {value!r}")
+    if cfg.schedule.min_lr_ratio > 1:
+        raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {cfg.schedule.min_lr_ratio}")
+    if cfg.global_batch_tokens % cfg.data.seq_len:
+        raise ValueError(f"global_batch_tokens {cfg.global_batch_tokens} must be a multiple of data.seq_len "
+                         f"{cfg.data.seq_len}")
     s = cfg.schedule
     if s.name not in SCHEDULES:
         raise ValueError(f"schedule.name must be one of {SCHEDULES}, got {s.name!r}")
@@ -287,3 +310,72 @@ def model_config(cfg: ModelConfig):
             raise ValueError(f"model {cfg.preset} with window_size={cfg.window_size} needs sliding-window attention, "
                              f"not implemented yet (issue #36)") from None
         raise
+
+
+# Keys whose value may change when a run resumes (``resume=true key=value``): how long it trains (extending
+# a finished run; the learning rate then follows the new schedule from the tokens seen), how it is logged,
+# evaluated, checkpointed and exported, and the hardware and speed switches it runs with. Every other key
+# (model, data, optimizer, seed, batch, schedule shape) is what the checkpoints were trained under: a
+# resumed run keeps the saved value, and a command line that sets another is refused. To change one anyway,
+# edit the run's config.yaml, or start a new run from the weights with init_from.
+RESUMABLE = ("schedule.total_tokens", "schedule.anneal_tokens", "micro_batch_size", "log_every", "eval_every",
+             "eval_sequences", "checkpoint_every", "keep_last", "keep_every", "compile", "compile_mode",
+             "activation_memory_budget", "gradient_checkpointing", "recompute_projections", "tensorboard", "wandb",
+             "wandb_project", "export", "strategy")
+# Keys that locate the run: always the current command line's.
+RUN_KEYS = ("resume", "run_name", "out_dir")
+_MISSING = object()
+
+
+def _under(key: str, prefixes) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"a.b": value}`` (lists are values; empty dicts have no leaves)."""
+    flat = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            flat.update(leaves(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def load_config(path: Path) -> dict:
+    """A saved config.yaml as a plain dict, completed with the defaults of fields it lacks."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
+    except Exception as e:  # YAML syntax, unknown keys, wrong types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a fox-train config: {first}") from None
+    return OmegaConf.to_container(merged)
+
+
+def resume_conflicts(saved: dict, given: dict, source: Path, keys: set[str] | None = None) -> str | None:
+    """The one-line error for the keys (of ``keys``; default all) whose value in ``given`` differs from
+    the saved config ``source`` outside ``RESUMABLE``; None when they agree."""
+    s, g = leaves(saved), leaves(given)
+    names = sorted(k for k in s.keys() | g.keys() if keys is None or _under(k, keys))
+    differ = [k for k in names if not _under(k, RESUMABLE + RUN_KEYS) and s.get(k, _MISSING) != g.get(k, _MISSING)]
+    if not differ:
+        return None
+    shown = ", ".join(f"{k} (saved {s.get(k)!r}, given {g.get(k)!r})" for k in differ[:4])
+    more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+    return (f"resume=true: the command line conflicts with {source} on {shown}{more}; a run keeps its config "
+            f"(keys that may change: fox_train.config.RESUMABLE): drop these overrides, or start another "
+            f"run_name (init_from= takes the weights)")
+
+
+def resumed_config(saved: dict, given: dict, source: Path, keys: set[str]) -> TrainConfig:
+    """The config a resumed run trains with: the saved one, with the run's location and the ``RESUMABLE``
+    values that the command line set (``keys``) taken from ``given``. ValueError naming the keys that the
+    command line sets to values other than the saved ones."""
+    message = resume_conflicts(saved, given, source, keys)
+    if message:
+        raise ValueError(message)
+    merged = OmegaConf.create(saved)
+    for k, v in leaves(given).items():
+        if _under(k, RUN_KEYS) or (_under(k, keys) and _under(k, RESUMABLE)):
+            OmegaConf.update(merged, k, v, merge=False)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), merged))

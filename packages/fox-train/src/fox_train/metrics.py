@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +26,53 @@ def peak_flops(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
+def _jsonl_step(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):  # a line cut by a kill
+        return None
+
+
+def _csv_step(line: str) -> int | None:
+    try:
+        return int(line.split(",", 1)[0])
+    except ValueError:
+        return None
+
+
+def _keep_until(path: Path, start: int, step_of, header: bool) -> None:
+    """Rewrite ``path`` with the records of steps <= ``start`` (and its header line), in one replace."""
+    if not path.exists():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = lines[:1] if header else []
+    kept += [line for line in lines[len(kept):] if line.endswith("\n") and (s := step_of(line)) is not None and s <= start]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
 class MetricsWriter:
-    def __init__(self, run_dir: Path, config_dict: dict, tensorboard: bool, wandb: bool, wandb_project: str):
-        self.jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (open for the whole run)
+    """Appends records to the run's metrics.jsonl and metrics.csv (and TensorBoard / W&B). A run that
+    starts at ``start_step`` first drops the records of later steps, which it will log again (a resume
+    replays the steps after its checkpoint); a run starting at step 0 starts the files afresh."""
+
+    def __init__(self, run_dir: Path, config_dict: dict, tensorboard: bool, wandb: bool, wandb_project: str,
+                 start_step: int = 0):
         self.csv_path = run_dir / "metrics.csv"
+        if start_step:
+            _keep_until(run_dir / "metrics.jsonl", start_step, _jsonl_step, header=False)
+            _keep_until(self.csv_path, start_step, _csv_step, header=True)
+        else:
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            self.csv_path.unlink(missing_ok=True)
+        self.jsonl = open(run_dir / "metrics.jsonl", "a")  # noqa: SIM115 (open for the whole run)
         self.tb = self.wb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            # TensorBoard drops its events from purge_step on, as the files above drop their records
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else 0)
         if wandb:
             import wandb as wb
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime
@@ -18,7 +21,7 @@ from transformers import AutoModelForCausalLM
 import fox_models
 from fox_layers import GroupRMSNorm, RMSNorm
 from fox_train import checkpoint as ckpt
-from fox_train.config import SCHEDULES, TrainConfig, model_config
+from fox_train.config import SCHEDULES, TrainConfig, check, load_config, model_config, resume_conflicts
 from fox_train.data import (
     LongCrawl64Sequences,
     Sampler,
@@ -203,7 +206,7 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
     elif s.name == "fsdp2":
         strategy = _fsdp2_strategy(s, precision)
     return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
-                    precision=precision)
+                    precision=precision, plugins=[ckpt.DirectTorchIO()])
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -339,9 +342,12 @@ def load_init_weights(model: torch.nn.Module, path: str) -> Path:
     if source.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        weights = load_file(source)
+        try:
+            weights = load_file(source)
+        except Exception as e:  # safetensors reports a truncated or foreign file in its own error type
+            raise ValueError(f"init_from {path!r}: {source} cannot be read: {e}") from None
     else:
-        weights = torch.load(source, map_location="cpu", weights_only=True)["model"]
+        weights = ckpt.read_state(source)["model"]
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # a shape differs
@@ -355,8 +361,75 @@ def load_init_weights(model: torch.nn.Module, path: str) -> Path:
     return source
 
 
+class Interrupted(Exception):
+    """Training stopped by SIGINT or SIGTERM after saving a checkpoint; the message is one line."""
+
+    def __init__(self, message: str, signum: int, is_global_zero: bool):
+        super().__init__(message)
+        self.signum, self.is_global_zero = signum, is_global_zero
+
+
+class StopSignals:
+    """While active, SIGINT (Ctrl-C) and SIGTERM (sent by clusters some time before they kill a job) are
+    recorded instead of ending the process, so that the loop saves a checkpoint after the current step and
+    stops. A second SIGINT interrupts at once (KeyboardInterrupt), a second SIGTERM ends the process."""
+
+    def __init__(self):
+        self.received = 0
+        self._previous = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():  # signal handlers belong to the main thread
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def _record(self, signum, frame) -> None:
+        self.received = signum
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def requested(self, fabric) -> int:
+        """The signal received (0: none), agreed by all ranks: each stops after the same step. Across ranks
+        this is a collective and a host sync each step, a small cost next to a multi-device step."""
+        if fabric.world_size == 1:
+            return self.received
+        flag = torch.tensor(float(self.received), device=fabric.device)
+        return int(fabric.all_reduce(flag, reduce_op="max").item())
+
+
+def claim_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
+    """A run directory holds one configuration's checkpoints. Without ``resume``, one that holds checkpoints
+    is refused; with it, the saved ``config.yaml`` must agree with ``cfg`` outside ``RESUMABLE`` (the
+    command line merges into the saved config: fox_train.cli)."""
+    newest = ckpt.complete_checkpoints(run_dir / "checkpoints")
+    if newest and not cfg.resume:
+        raise ValueError(f"{run_dir} already holds checkpoints (newest {newest[0].name}): resume=true continues "
+                         f"that run, another run_name starts a new one")
+    saved = run_dir / "config.yaml"
+    if cfg.resume and saved.exists():
+        message = resume_conflicts(load_config(saved), OmegaConf.to_container(OmegaConf.structured(cfg)), saved)
+        if message:
+            raise ValueError(message)
+
+
+def _save_config(cfg: TrainConfig, run_dir: Path) -> None:
+    """config.yaml, replaced in one step (a failed write leaves the previous one)."""
+    tmp = run_dir / ".config.yaml.tmp"
+    try:
+        OmegaConf.save(OmegaConf.structured(cfg), tmp)
+        os.replace(tmp, run_dir / "config.yaml")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def train(cfg: TrainConfig) -> Path:
-    """Run training; returns the run directory."""
+    """Run training; returns the run directory. Raises Interrupted after SIGINT / SIGTERM (a checkpoint of
+    the last step is saved)."""
+    check(cfg)
     graphs = _check_compile(cfg)
     fabric = _fabric(cfg)
     fabric.launch()
@@ -366,16 +439,16 @@ def train(cfg: TrainConfig) -> Path:
     if fabric.world_size > 1:
         run_dir = Path(fabric.broadcast(str(run_dir)))
     ckpt_root = run_dir / "checkpoints"
+    claim_run_dir(cfg, run_dir)
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.structured(cfg), run_dir / "config.yaml")
+        _save_config(cfg, run_dir)
+        ckpt.remove_partial(ckpt_root)
 
     config = model_config(cfg.model)
     tokenizer = fox_models.JSONGPT2Tokenizer()
     train_src, held_src = build_sources(cfg, tokenizer, str(Path(cfg.out_dir) / ".token-cache"), config.vocab_size)
     seq_len = cfg.data.seq_len
-    if cfg.global_batch_tokens % seq_len:
-        raise ValueError(f"global_batch_tokens {cfg.global_batch_tokens} must be a multiple of data.seq_len {seq_len}")
     sampler = Sampler(len(train_src), cfg.global_batch_tokens // seq_len, cfg.micro_batch_size, fabric.world_size,
                       shuffle=cfg.data.order == "shuffled", seed=cfg.seed)
     total_steps = max(1, cfg.schedule.total_tokens // cfg.global_batch_tokens)
@@ -421,7 +494,30 @@ def train(cfg: TrainConfig) -> Path:
             start = found
             fabric.print(f"resumed from step {start} ({ckpt_root})")
     writer = MetricsWriter(run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), cfg.tensorboard, cfg.wandb,
-                           cfg.wandb_project) if fabric.is_global_zero else None
+                           cfg.wandb_project, start) if fabric.is_global_zero else None
+    try:
+        with StopSignals() as stop:
+            per_pos = _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_src, writer,
+                                   run_dir, start, total_steps, flops_tok, graphs, stop)
+        full = full_state_dict(fabric, model, cfg.strategy.name) if cfg.export else None
+        if fabric.is_global_zero:
+            np.save(run_dir / "heldout_per_token_loss.npy", per_pos)
+            plot_per_token_loss(per_pos, run_dir / "heldout_per_token_loss.png", f"{run_dir.name}: held-out L(i)")
+            if cfg.export:
+                export_model(model, tokenizer, run_dir / "hf", state_dict=full)
+    finally:
+        if writer:
+            writer.close()
+    fabric.barrier()
+    return run_dir
+
+
+def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_src, writer, run_dir, start,
+                 total_steps, flops_tok, graphs, stop) -> np.ndarray:
+    """Steps ``start`` to ``total_steps`` with their logging, evaluations and checkpoints; returns the
+    held-out L(i) of the last evaluation. After a stop signal, saves the step's checkpoint and raises
+    Interrupted."""
+    o, ckpt_root = cfg.optimizer, run_dir / "checkpoints"
     peak = peak_flops(fabric.device)
     if start == 0:
         loss0, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
@@ -454,9 +550,10 @@ def train(cfg: TrainConfig) -> Path:
         optimizer.zero_grad(set_to_none=not graphs)
         state["step"] = step + 1
         done_tokens = (step + 1) * cfg.global_batch_tokens
+        last = step + 1 == total_steps
         # the loss is read back (a host sync, and a collective across ranks) only on logging steps, so the
         # host can queue the next step's kernels while the GPU finishes this one's
-        if (step + 1) % cfg.log_every == 0 or step + 1 == total_steps:
+        if (step + 1) % cfg.log_every == 0 or last:
             step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
             now = time.perf_counter()
             tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
@@ -470,25 +567,25 @@ def train(cfg: TrainConfig) -> Path:
             bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
             if writer:
                 writer.log(record)
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == total_steps:
+        if (step + 1) % cfg.eval_every == 0 or last:
             held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
             if writer:
                 writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total_steps:
+        saved = (step + 1) % cfg.checkpoint_every == 0 or last
+        if saved:
             ckpt.save(fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
+        signum = stop.requested(fabric)
+        if signum and not last:
+            path = ckpt.step_dir(ckpt_root, step + 1) if saved else ckpt.save(
+                fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
+            bar.close()
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} after step {step + 1} of {total_steps}, "
+                              f"checkpoint {path}; resume=true run_name={cfg.run_name} continues the run",
+                              signum, fabric.is_global_zero)
     bar.close()
-
     if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
         _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
-    full = full_state_dict(fabric, model, cfg.strategy.name) if cfg.export else None
-    if fabric.is_global_zero:
-        np.save(run_dir / "heldout_per_token_loss.npy", per_pos)
-        plot_per_token_loss(per_pos, run_dir / "heldout_per_token_loss.png", f"{run_dir.name}: held-out L(i)")
-        if cfg.export:
-            export_model(model, tokenizer, run_dir / "hf", state_dict=full)
-        writer.close()
-    fabric.barrier()
-    return run_dir
+    return per_pos
 
 
 def export_model(model, tokenizer, out: Path, state_dict: dict | None = None) -> None:
@@ -501,16 +598,32 @@ def export_model(model, tokenizer, out: Path, state_dict: dict | None = None) ->
 
 
 def config_from_run(run_dir: Path) -> TrainConfig:
-    schema = OmegaConf.structured(TrainConfig)
-    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(run_dir / "config.yaml")))
+    """The TrainConfig a run saved in its ``config.yaml``."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.yaml (a checkpoint is read inside its run directory: "
+                                f"<run>/checkpoints/step-XXXXXXXX)")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), load_config(path)))
 
 
 def export_checkpoint(checkpoint: Path, out: Path) -> None:
-    """Write the HF directory of any checkpoint (``fox-train export``)."""
+    """Write the HF directory of any checkpoint (``fox-train export``). The checkpoint is read with
+    ``weights_only`` (tensors and plain values); ValueError or OSError in one line for a file that is not
+    such a checkpoint, a run without its config and an output folder that cannot be written."""
+    state_path = checkpoint / "state.pt"
+    if not state_path.is_file():
+        raise FileNotFoundError(f"{checkpoint} is not a checkpoint directory (no state.pt)")
     run_dir = checkpoint.parent.parent
     cfg = config_from_run(run_dir)
+    state = ckpt.read_state(state_path)
     model = AutoModelForCausalLM.from_config(model_config(cfg.model))
-    state = torch.load(checkpoint / "state.pt", map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    export_model(model, fox_models.JSONGPT2Tokenizer(), out)
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, TypeError, AttributeError) as e:  # other shapes or keys; not a state dict
+        first = str(e).strip().splitlines()[-1].strip()
+        raise ValueError(f"{state_path} does not fit the model of {run_dir / 'config.yaml'}: {first}") from None
+    try:
+        export_model(model, fox_models.JSONGPT2Tokenizer(), out)
+    except OSError as e:  # a read-only or full output folder
+        raise OSError(f"cannot write {out}: {e}") from None
 
