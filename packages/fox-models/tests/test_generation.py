@@ -11,12 +11,17 @@ from fox_models.presets import get_preset
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_heads=2, vocab_size=97, bos_token_id=1, eos_token_id=2)
 FAMILIES = ["fox-pro", "fox-llama", "transformer-pro", "transformer-llama"]
+BASELINES = {"mamba2": dict(num_heads=8, head_dim=16, state_size=16), "hgrn2": dict(num_heads=2, expand_ratio=16),
+             "delta_net": dict(num_heads=2)}
 GREEDY = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
 
 
 def tiny_model(family, seed=0, **overrides):
+    """Baselines in float64: their chunked and step-by-step recurrences round differently."""
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(get_preset(f"{family}-125m", **{**TINY, **overrides})).eval()
+    config = get_preset(f"{family}-125m", **{**TINY, **BASELINES.get(family, {}), **overrides})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    return model.double() if family in BASELINES else model
 
 
 def prompt(batch=1, length=12, seed=1):
@@ -25,10 +30,10 @@ def prompt(batch=1, length=12, seed=1):
     return motif.repeat(1, length // 4 + 1)[:, :length]  # repeats: prompt lookup finds candidates
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + list(BASELINES))
 def test_cache_is_a_transformers_cache_and_crops_exactly(family):
     """After crop the cache equals the cache of the shorter prefix, shift states included, and decoding
-    from it gives the logits of a full forward."""
+    from it gives the logits of a full forward (recurrent states: after the replay of the next call)."""
     model = tiny_model(family)
     ids = prompt(2, 11)
     cache = model.model.new_cache()
@@ -41,7 +46,7 @@ def test_cache_is_a_transformers_cache_and_crops_exactly(family):
     assert cache.get_seq_length() == 6
     short = model.model.new_cache()
     model(ids[:, :6], past_key_values=short)
-    for a, b in zip(cache.layers, short.layers):
+    for a, b in zip(cache.layers, short.layers) if family not in BASELINES else ():
         for name in ("k", "v", "c", "k_shift", "v_shift"):
             x, y = getattr(a, name), getattr(b, name)
             assert (x is None) == (y is None), name
@@ -49,11 +54,17 @@ def test_cache_is_a_transformers_cache_and_crops_exactly(family):
                 torch.testing.assert_close(x, y, msg=name)
     step = model(ids[:, 6:11], past_key_values=cache).logits
     torch.testing.assert_close(step, model(ids).logits[:, 6:], rtol=1e-4, atol=1e-5)
-    cache.crop(4)  # a positive number: the length to keep (transformers 4.x's crop(max_length))
-    assert cache.get_seq_length() == 4
+    if family in BASELINES:
+        cache.crop(-5)  # back to 6 tokens: the last call began at 5
+        cache.crop(-1)
+        with pytest.raises(ValueError, match="rolled back only over the calls"):
+            cache.crop(-1)  # the state before token 5 is gone
+    else:
+        cache.crop(4)  # a positive number: the length to keep (transformers 4.x's crop(max_length))
+        assert cache.get_seq_length() == 4
 
 
-def test_crop_needs_the_recorded_past_with_a_token_shift():
+def test_crop_needs_the_recorded_past_with_a_token_shift_or_a_recurrence():
     model = tiny_model("fox-pro")
     cache = model.model.new_cache()
     model(prompt(1, 6), past_key_values=cache)
@@ -66,19 +77,26 @@ def test_crop_needs_the_recorded_past_with_a_token_shift():
     assert cache.is_croppable  # no token shift: K, V and the prefix sums are all there is
     cache.crop(-2)
     assert cache.get_seq_length() == 4
+    recurrent = tiny_model("hgrn2")
+    cache = recurrent.model.new_cache()
+    recurrent(prompt(1, 6), past_key_values=cache)
+    assert not cache.is_croppable
+    with pytest.raises(ValueError, match="activate_past_recording"):
+        cache.crop(-1)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + list(BASELINES))
 def test_assisted_decoding_equals_greedy(family):
     model = tiny_model(family)
     ids = prompt(1, 12)
     plain = model.generate(ids, max_new_tokens=12, **GREEDY)
-    for assistant in (tiny_model(family), tiny_model(family, seed=5), tiny_model("fox-llama", seed=7)):
+    for assistant in (tiny_model(family), tiny_model(family, seed=5), tiny_model("fox-llama", seed=7),
+                      tiny_model("hgrn2", seed=8).float()):
         assisted = model.generate(ids, assistant_model=assistant, max_new_tokens=12, **GREEDY)
         assert torch.equal(assisted, plain)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + list(BASELINES))
 def test_prompt_lookup_decoding_equals_greedy(family):
     model = tiny_model(family)
     ids = prompt(1, 16)
@@ -87,7 +105,7 @@ def test_prompt_lookup_decoding_equals_greedy(family):
     assert torch.equal(lookup, plain)
 
 
-@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama"])
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama", "mamba2", "delta_net"])
 def test_beam_search_sequences_score_like_full_forwards(family):
     """Each returned beam's score is its summed log-probability under a full forward (no cache), which
     holds only if the cache followed every beam's reordering."""

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.cache_utils import CacheLayerMixin
 
 from fox_layers import RMSNorm
 from fox_models.cache import LayerCache
@@ -161,18 +162,125 @@ class DeltaNetConfig(_RecurrentConfig):
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
-class RecurrentState:
-    """What one recurrent layer keeps between calls: named float32/activation tensors and the length."""
+class RecurrentState(CacheLayerMixin):
+    """What one recurrent layer keeps between calls (a transformers cache layer): named float32/activation
+    tensors (scan state, convolution windows) and the number of tokens seen.
+
+    A scan state cannot be cut back to an earlier length. While recording its past
+    (``activate_past_recording``, as ``generate()`` does for assisted and prompt-lookup decoding), the layer
+    keeps, for each call since the last crop, the state before it and the mixer's input; ``crop`` restores
+    the state before the call that holds the new length, and that call's inputs up to the new length are
+    replayed through the mixer at the start of the next call. They are exactly what the mixer saw then (the
+    kept tokens and everything before them are unchanged), so the rolled-back state is exact.
+    """
+
+    is_compileable = False
+    supports_early_init = False
 
     def __init__(self):
         self.tensors: dict[str, torch.Tensor] = {}
         self.length = 0
+        self.record_past = False
+        self._calls: list[tuple[dict, int, torch.Tensor, torch.Tensor | None]] = []  # (tensors, length, h, real)
+        self._pending: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def __repr__(self):
+        return f"RecurrentState(length={self.length}, record_past={self.record_past})"
 
     def get(self, name):
         return self.tensors.get(name)
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.tensors = {k: t.index_select(0, index.to(t.device)) for k, t in self.tensors.items()}
+    def run(self, mixer, h: torch.Tensor, real: torch.Tensor | None) -> torch.Tensor:
+        """``mixer(h, real)`` for the mixer input h (B, T, D) and real-token mask (B, T, 1) or None, after the
+        inputs a crop left to replay (their outputs are dropped); recorded when recording the past."""
+        n = 0
+        if self._pending is not None:
+            ph, preal = self._pending
+            self._pending = None
+            n = ph.shape[1]
+            if real is not None or preal is not None:
+                ones = lambda r, t: torch.ones(t.shape[0], t.shape[1], 1, dtype=torch.bool, device=t.device) if r is None else r
+                real = torch.cat([ones(preal, ph), ones(real, h)], dim=1)
+            h = torch.cat([ph.to(h.dtype), h], dim=1)
+        if self.record_past:
+            self._calls.append((dict(self.tensors), self.length - n, h, real))
+        return mixer(h, real)[:, n:]
+
+    def activate_past_recording(self) -> None:
+        self.record_past = True
+
+    @property
+    def is_croppable(self) -> bool:
+        return self.record_past
+
+    @property
+    def is_initialized(self) -> bool:
+        return bool(self.tensors)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove ``-tokens_to_remove`` tokens (<= 0, transformers' layer convention): any number of the
+        tokens of the calls made since the last crop while recording. crop(0) only frees the records."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"a cache layer's crop takes the (negative) number of tokens to remove, got {tokens_to_remove}")
+        calls = self._calls
+        if self._pending is not None:  # a crop not yet replayed: its inputs can be cut again
+            calls = calls + [(self.tensors, self.length - self._pending[0].shape[1], *self._pending)]
+        self._calls = []
+        target = self.length + tokens_to_remove
+        if tokens_to_remove == 0:
+            return
+        start = next((c for c in reversed(calls) if c[1] <= target), None)
+        if start is None:
+            raise ValueError(f"cannot crop a recurrent state back to {target} tokens: it can be rolled back only over the "
+                             "calls made since the last crop while recording its past (activate_past_recording())")
+        tensors, before, h, real = start
+        self.tensors, self.length = tensors, target
+        keep = target - before
+        self._pending = (h[:, :keep], None if real is None else real[:, :keep]) if keep > 0 else None
+
+    def _map(self, fn) -> None:
+        f = lambda t: None if t is None else fn(t)
+        self.tensors = {k: f(t) for k, t in self.tensors.items()}
+        self._calls = [({k: f(t) for k, t in d.items()}, n, f(h), f(r)) for d, n, h, r in self._calls]
+        if self._pending is not None:
+            self._pending = tuple(f(t) for t in self._pending)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices.to(t.device)])
+
+    def reset(self) -> None:
+        self.tensors, self.length, self._calls, self._pending = {}, 0, [], None
+
+    def offload(self) -> None:
+        if self.tensors:
+            self._device = next(iter(self.tensors.values())).device
+            self._map(lambda t: t.to("cpu", non_blocking=True))
+
+    def prefetch(self) -> None:
+        device = getattr(self, "_device", None)
+        if device is not None:
+            self._map(lambda t: t.to(device, non_blocking=True))
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        raise NotImplementedError("a RecurrentState is filled by the model's forward")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise NotImplementedError("a RecurrentState is filled by the model's forward")
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
 
 
 class RecurrentCache(LayerCache):
@@ -303,7 +411,9 @@ class RecurrentBlock(nn.Module):
         self.mlp = SwiGLUMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
     def forward(self, x, real=None, lower_bound=None, state=None):
-        x = x + self.attn(self.attn_norm(x), real=real, state=state, lower_bound=lower_bound)
+        mix = lambda h, r: self.attn(h, real=r, state=state, lower_bound=lower_bound)
+        h = self.attn_norm(x)
+        x = x + (mix(h, real) if state is None else state.run(mix, h, real))
         return x + self.mlp(self.mlp_norm(x))
 
 

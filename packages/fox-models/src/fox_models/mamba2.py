@@ -175,8 +175,10 @@ class Mamba2Block(nn.Module):
 
     def forward(self, x, real=None, lower_bound=None, state=None):
         h = self.norm(x.to(self.norm.weight.dtype))
+        # the residual stream stays in float32
         residual = x.float() if self.residual_in_fp32 and x.dtype in (torch.float16, torch.bfloat16) else x
-        return residual + self.mixer(h, real=real, state=state)  # the residual stream stays in float32
+        mix = lambda h, r: self.mixer(h, real=r, state=state)
+        return residual + (mix(h, real) if state is None else state.run(mix, h, real))
 
 
 class _Mamba2Init(_RecurrentInit):
