@@ -361,7 +361,7 @@ def resume_conflicts(saved: dict, given: dict, source: Path, keys: set[str] | No
     if not differ:
         return None
     shown = ", ".join(f"{k} (saved {s.get(k)!r}, given {g.get(k)!r})" for k in differ[:4])
-    more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+    more = f", also {', '.join(differ[4:])}" if len(differ) > 4 else ""
     return (f"resume=true: the command line conflicts with {source} on {shown}{more}; a run keeps its config "
             f"(keys that may change: fox_train.config.RESUMABLE): drop these overrides, or start another "
             f"run_name (init_from= takes the weights)")
