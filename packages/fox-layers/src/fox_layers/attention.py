@@ -120,6 +120,15 @@ class AttentionState:
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
 
 
+def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None) -> torch.Tensor:
+    """c (B, T, H): prefix sums of the log gates (B, T, H) in float64, gates before ``seq_start`` not counted."""
+    g = log_fgate.double()
+    if seq_start is not None:
+        pos = torch.arange(g.shape[1], device=g.device)
+        g = torch.where((pos[None, :] >= seq_start.to(g.device)[:, None])[..., None], g, 0.0)
+    return g.cumsum(1)
+
+
 def _bare_linear(module: nn.Module) -> bool:
     """A plain nn.Linear without hooks, whose weight and bias are its whole function, so its matmul can
     join the fused input projection. Anything else (a PEFT/LoRA wrapper, a quantised linear, a module with
@@ -348,11 +357,14 @@ class ForgettingAttentionLayer(nn.Module):
         seq_start: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         state: AttentionState | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, AttentionState | None]:
         """hidden_states (B, T, hidden) -> (output (B, T, hidden), updated state or None).
 
         seq_start: (B,) left padding (first real position, in cache positions); cu_seqlens: packed
         sequences (B = 1). Pass an ``AttentionState`` (empty for a prefill) to decode; it is updated in place.
+        ``output_attentions``: compute the attention explicitly (``attention_weights``, no pruning; slow and
+        O(T^2) memory) and return (output, state, weights (B, H, T, T_keys)).
         """
         x = hidden_states
         B, T, _ = x.shape
@@ -363,7 +375,8 @@ class ForgettingAttentionLayer(nn.Module):
             state.seq_start = seq_start
         if state is not None:
             seq_start = state.seq_start
-        recompute = self.recompute_projections and state is None and torch.is_grad_enabled() and x.requires_grad
+        recompute = (self.recompute_projections and state is None and torch.is_grad_enabled() and x.requires_grad
+                     and not output_attentions)
         if recompute:  # the projections' outputs (pre-norm q and k, pre-shift k and v) are not kept
             q, k, v, log_fgate, k_shift, v_shift = checkpoint(
                 self.project, x, seq_start, cu_seqlens, use_reentrant=False
@@ -375,6 +388,16 @@ class ForgettingAttentionLayer(nn.Module):
                 whole_chunk_states=True,
             )
         dtype = v.dtype
+        if output_attentions:
+            c = prefix_sums(log_fgate, seq_start)
+            if state is not None:
+                state.append(k, v, log_fgate, k_shift, v_shift)
+                if past > 0:  # the cache's prefix sums are float32
+                    k, v, c = state.k, state.v, state.c
+            weights = self.attention_weights(q, k, c, seq_start, cu_seqlens)
+            v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=2)
+            o = torch.einsum("bhij,bjhd->bihd", weights, v.to(weights.dtype)).to(q.dtype)
+            return self._output(o.reshape(B, T, self.hidden_size).to(dtype), x, g), state, weights
         if state is None or past == 0:
             o = forgetting_attention(
                 q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
@@ -388,6 +411,30 @@ class ForgettingAttentionLayer(nn.Module):
         if recompute:  # the gate logits and the normalised, gated output are not kept
             return checkpoint(self._output, o, x, use_reentrant=False), state
         return self._output(o, x, g), state
+
+    def attention_weights(self, q, k, c, seq_start=None, cu_seqlens=None) -> torch.Tensor:
+        """softmax(s q_i.k_j + c_i - c_j) over the keys j each query i may see, in at least float32:
+        (B, H, Tq, Tk). q (B, Tq, H, D) are the last Tq of the Tk positions of k (B, Tk, Hkv, D) and of the
+        prefix sums c (B, Tk, H); keys before ``seq_start`` (left padding) and in other packed sequences
+        (``cu_seqlens``) are masked, and rows of padding queries are 0 (as the kernel's outputs)."""
+        B, Tq, H, D = q.shape
+        Tk = k.shape[1]
+        acc = torch.promote_types(q.dtype, torch.float32)
+        k = k.repeat_interleave(H // k.shape[2], dim=2)
+        scores = torch.einsum("bihd,bjhd->bhij", q.to(acc), k.to(acc)) * D**-0.5
+        c = c.transpose(1, 2)  # (B, H, Tk)
+        scores = scores + (c[..., Tk - Tq:, None] - c[..., None, :]).to(acc)
+        kpos = torch.arange(Tk, device=q.device)
+        qpos = kpos[Tk - Tq:]
+        allowed = (kpos[None, :] <= qpos[:, None])[None]  # (1, Tq, Tk)
+        if seq_start is not None:
+            allowed = allowed & (kpos[None, None, :] >= seq_start.to(q.device)[:, None, None])
+        if cu_seqlens is not None:
+            seq = torch.bucketize(kpos, cu_seqlens[1:].to(q.device), right=True)
+            allowed = allowed & (seq[qpos][:, None] == seq[None, :])[None]
+        allowed = allowed[:, None]  # (B or 1, 1, Tq, Tk)
+        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        return torch.where(allowed.any(-1, keepdim=True), probs, 0.0)  # rows of padding queries: 0, not NaN
 
     def _output(self, o: torch.Tensor, x: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
         """Output norm and gate (FoX Pro), then the output projection. ``g``: the gate's logits if the

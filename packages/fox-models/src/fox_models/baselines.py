@@ -463,7 +463,10 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
 
     def forward(self, input_ids=None, attention_mask=None, past_key_values: RecurrentCache | None = None,
                 inputs_embeds=None, use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                cu_seqlens=None, return_dict: bool | None = None, **kwargs):
+                output_attentions: bool | None = None, cu_seqlens=None, return_dict: bool | None = None, **kwargs):
+        if output_attentions:
+            raise ValueError(f"output_attentions=True: {type(self).__name__} is a recurrent model and has no "
+                             "attention weights")
         if cu_seqlens is not None:
             raise ValueError("cu_seqlens (packed sequences) is not supported by the recurrent baselines; "
                              "pass a left-padded batch with attention_mask")
@@ -471,11 +474,13 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
             input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
         real = _real_tokens(seq_start, past, x.shape[0], x.shape[1], x.device)
         bounds = self._lower_bounds()
-        x, hidden = self._run_blocks(x, cache, output_hidden_states, lambda i: (real, bounds[i]))
+        x, hidden, _ = self._run_blocks(x, cache, output_hidden_states, lambda i: (real, bounds[i]))
         if cache is not None:
             for state in cache.layers:
                 state.length += x.shape[1]
-        return self._finish(x, hidden, cache, use_cache)
+        out = self._finish(x, hidden, cache, use_cache)
+        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return out if return_dict else out.to_tuple()
 
 
 class HGRN2PreTrainedModel(_RecurrentInit, _FoxPreTrainedBase):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -28,9 +29,10 @@ class TransformerAttention(ForgettingAttentionLayer):
     # with separate projections against 67.7-68.2 ms fused.
     fuse_input_projections = False
 
-    def forward(self, hidden_states, *, seq_start=None, cu_seqlens=None, state=None):
-        if seq_start is not None or cu_seqlens is not None or state is not None:
-            return super().forward(hidden_states, seq_start=seq_start, cu_seqlens=cu_seqlens, state=state)
+    def forward(self, hidden_states, *, seq_start=None, cu_seqlens=None, state=None, output_attentions=False):
+        if seq_start is not None or cu_seqlens is not None or state is not None or output_attentions:
+            return super().forward(hidden_states, seq_start=seq_start, cu_seqlens=cu_seqlens, state=state,
+                                   output_attentions=output_attentions)
         B, T, _ = hidden_states.shape
         q, k, v, _, _, _ = self.project(hidden_states)
         o = F.scaled_dot_product_attention(
@@ -50,10 +52,13 @@ class FoxBlock(nn.Module):
         self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = SwiGLUMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
 
-    def forward(self, x, seq_start=None, cu_seqlens=None, state=None):
-        a, _ = self.attn(self.attn_norm(x), seq_start=seq_start, cu_seqlens=cu_seqlens, state=state)
+    def forward(self, x, seq_start=None, cu_seqlens=None, state=None, output_attentions=False):
+        """-> x, or (x, attention weights (B, H, T, T_keys)) with ``output_attentions``."""
+        a, _, *weights = self.attn(self.attn_norm(x), seq_start=seq_start, cu_seqlens=cu_seqlens, state=state,
+                                   output_attentions=output_attentions)
         x = x + a
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + self.mlp(self.mlp_norm(x))
+        return (x, weights[0]) if output_attentions else x
 
 
 def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -129,28 +134,35 @@ class _FoxPreTrainedBase(PreTrainedModel):
                 seq_start = seq_start_from_mask(attention_mask)
         return x, cache, past, seq_start, use_cache, output_hidden_states
 
-    def _run_blocks(self, x, cache, output_hidden_states, extra):
-        """x through ``self.layers``; block i is called ``block(x, *extra(i), state_i)``."""
+    def _run_blocks(self, x, cache, output_hidden_states, extra, output_attentions=False):
+        """x through ``self.layers``; block i is called ``block(x, *extra(i), state_i)`` (and
+        ``output_attentions=True``, when asked, returning (x, weights)). -> (x, hidden states, weights)."""
         hidden = [] if output_hidden_states else None
+        weights = [] if output_attentions else None
         for i, block in enumerate(self.layers):
             if hidden is not None:
                 hidden.append(x)
             args = (x, *extra(i), None if cache is None else cache.layers[i])
+            call = functools.partial(block.__call__, output_attentions=True) if output_attentions else block.__call__
             if self.gradient_checkpointing and self.training:
-                x = self._gradient_checkpointing_func(block.__call__, *args)
+                x = self._gradient_checkpointing_func(call, *args)
             else:
-                x = block(*args)
-        return x, hidden
+                x = call(*args)
+            if weights is not None:
+                x, w = x
+                weights.append(w)
+        return x, hidden, weights
 
     def final_norm(self, x):
         return self.norm(x)
 
-    def _finish(self, x, hidden, cache, use_cache):
+    def _finish(self, x, hidden, cache, use_cache, weights=None):
         x = self.final_norm(x)
         if hidden is not None:
             hidden.append(x)
         return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache if use_cache else None,
-                                       hidden_states=tuple(hidden) if hidden is not None else None)
+                                       hidden_states=tuple(hidden) if hidden is not None else None,
+                                       attentions=tuple(weights) if weights is not None else None)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' save_pretrained, plus what loads the folder without importing fox_models first:
@@ -197,14 +209,22 @@ class _FoxBackbone(_FoxPreTrainedBase):
         inputs_embeds=None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         cu_seqlens=None,
         return_dict: bool | None = None,
         **kwargs,
     ):
+        """``output_attentions=True``: every layer's attention weights (B, H, T, T_keys), computed explicitly
+        (float32 softmax of s q.k + c_i - c_j with the causal and padding masks; slow, O(T^2) memory)."""
         x, cache, _, seq_start, use_cache, output_hidden_states = self._start(
             input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
-        x, hidden = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, cu_seqlens))
-        return self._finish(x, hidden, cache, use_cache)
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        x, hidden, weights = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, cu_seqlens),
+                                              output_attentions)
+        out = self._finish(x, hidden, cache, use_cache, weights)
+        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return out if return_dict else out.to_tuple()
 
 
 class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
@@ -270,6 +290,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         labels=None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         cu_seqlens=None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
@@ -291,7 +312,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
-            cu_seqlens=cu_seqlens,
+            output_attentions=output_attentions, cu_seqlens=cu_seqlens, return_dict=True,
         )
         h = out.last_hidden_state
         loss = logits = None
@@ -308,7 +329,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
                 count = num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != IGNORE_INDEX).sum()
                 loss = per_token.sum() / count
         output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                        hidden_states=out.hidden_states)
+                                        hidden_states=out.hidden_states, attentions=out.attentions)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return output if return_dict else output.to_tuple()
 
