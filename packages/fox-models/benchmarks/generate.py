@@ -6,8 +6,8 @@ after the prefill), and the peak GPU memory of the whole generate() call. bf16 w
 (speed does not depend on the values). Contenders:
 
 - FoX (Pro), FoX (LLaMA) and the project's Transformer (LLaMA) (fox_models presets at ``--size``);
-- ``LlamaForCausalLM`` (SDPA) with transformers' dynamic cache, and with a static cache + torch.compile
-  (``--static``; compiles once per batch and prompt shape).
+- ``LlamaForCausalLM`` (SDPA) with transformers' dynamic cache, and with its static cache (``--static``),
+  for which generate() itself compiles the decoding step (transformers' default compile config).
 
 Prints a table and writes JSON:
 
@@ -101,22 +101,24 @@ def main() -> None:
     unknown = [n for n in names if n not in builders]
     if unknown:
         raise SystemExit(f"generate.py: --models: unknown {unknown}; known: {list(builders)}")
+    env = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+           "transformers": __import__("transformers").__version__, "dtype": str(dtype), "size": args.size,
+           "new_tokens": args.new_tokens, "reps": args.reps}
     rows = []
     for name in names:
         model = builders[name]().to(device=device, dtype=dtype).eval()
-        gen_kwargs = None
-        if "static" in name:
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-            gen_kwargs = {"cache_implementation": "static"}
+        gen_kwargs = {"cache_implementation": "static"} if "static" in name else None
         for batch in args.batch:
             for prompt in args.prompt:
                 try:
                     r = measure(model, batch, prompt, args.new_tokens, args.reps, device, gen_kwargs)
-                except torch.OutOfMemoryError:
-                    r = {"error": "out of memory"}
-                    torch.cuda.empty_cache()
+                except (torch.OutOfMemoryError, RuntimeError) as e:  # one failed contender does not stop the rest
+                    r = {"error": str(e).splitlines()[0][:200]}
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
                 rows.append({"model": name, "batch": batch, "prompt": prompt, **r})
                 print(json.dumps(rows[-1]), flush=True)
+                write(args.out, env, rows)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -127,12 +129,13 @@ def main() -> None:
             continue
         peak = f"{r['peak_gib']:8.2f}" if r["peak_gib"] is not None else "     n/a"
         print(f"{r['model']:42s} {r['batch']:5d} {r['prompt']:6d} {r['prefill_ms']:10.1f} {r['decode_tokens_per_s']:12,.0f} {peak}")
-    env = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-           "transformers": __import__("transformers").__version__, "dtype": str(dtype), "size": args.size,
-           "new_tokens": args.new_tokens, "reps": args.reps}
-    with open(args.out, "w") as f:
-        json.dump({"environment": env, "rows": rows}, f, indent=1)
     print(f"wrote {args.out}")
+
+
+def write(path: str, env: dict, rows: list[dict]) -> None:
+    """The JSON so far (after every row: a run cut short keeps what it measured)."""
+    with open(path, "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
