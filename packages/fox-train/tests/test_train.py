@@ -107,7 +107,7 @@ def test_fsdp2_on_two_cpu_processes_follows_one_process_and_resumes_on_one(tmp_p
                           "strategy.devices=2", f"strategy.fsdp_sharding={sharding}", "export=true"],
                          env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    final = torch.load(tmp_path / "two" / "checkpoints" / "step-00000006" / "state.pt", weights_only=False)["model"]
+    final = torch.load(tmp_path / "two" / "checkpoints" / "step-00000006" / "state.pt", weights_only=True)["model"]
     exported = load_file(tmp_path / "two" / "hf" / "model.safetensors")
     assert set(exported) == set(final) and len(final) > 10
     for name, w in final.items():
@@ -273,10 +273,9 @@ def test_sigkill_then_resume_equals_uninterrupted_run(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     main([*args, "run_name=killed", "resume=true"])
-    resumed = {}
-    for r in _records(tmp_path / "killed"):
-        if "loss" in r:
-            resumed[r["step"]] = r["loss"]  # the resumed run's record wins for a repeated step
+    steps = [r["step"] for r in _records(tmp_path / "killed") if "loss" in r]
+    assert steps == sorted(set(steps)), "the replayed steps were logged twice"
+    resumed = {r["step"]: r["loss"] for r in _records(tmp_path / "killed") if "loss" in r}
     assert set(resumed) == set(straight)
     for step, loss in straight.items():
         assert abs(resumed[step] - loss) <= 1e-6, (step, resumed[step], loss)
@@ -290,6 +289,12 @@ def test_corrupt_checkpoint_is_skipped(tmp_path):
     with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000008"):
         main([f"out_dir={tmp_path}", "run_name=c", "schedule.total_tokens=2048", "checkpoint_every=4",
               "eval_every=1000", "resume=true", *SMALL])
+    # none loads: an error naming each, never a silent restart at step 0
+    for path in ckpt.complete_checkpoints(tmp_path / "c" / "checkpoints"):
+        (path / "state.pt").write_bytes(b"truncated")
+    with pytest.warns(UserWarning), pytest.raises(SystemExit, match=r"^fox-train: resume=true: no checkpoint under .* "
+                                                                     r"loads \(step-00000008: .*; step-00000004: "):
+        main([f"out_dir={tmp_path}", "run_name=c", "resume=true"])
 
 
 @pytest.mark.parametrize("world", [1, 2])

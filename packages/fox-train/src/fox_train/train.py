@@ -205,8 +205,10 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
         strategy = _fsdp_strategy(s, precision)
     elif s.name == "fsdp2":
         strategy = _fsdp2_strategy(s, precision)
+    # FSDP and FSDP2 write their full checkpoint with torch.save themselves
+    plugins = [ckpt.DirectTorchIO()] if s.name in ("single", "ddp") else None
     return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
-                    precision=precision, plugins=[ckpt.DirectTorchIO()])
+                    precision=precision, plugins=plugins)
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
