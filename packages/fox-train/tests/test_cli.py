@@ -57,6 +57,15 @@ def test_multirun_sweep_writes_one_run_directory_per_job(tmp_path):
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in records if "loss" in r]
         assert [r["step"] for r in steps] == [1, 2] and steps[-1]["lr"] == pytest.approx(lr)
+    # each job owns its directory: the same sweep again is refused job by job, with resume=true it resumes
+    with pytest.raises(SystemExit, match=r"^fox-train: .*sweep/\d already holds checkpoints"):
+        main(["-m", f"out_dir={tmp_path}", "run_name=sweep", "optimizer.lr=1e-3,2e-3", *SMALL])
+    main(["-m", f"out_dir={tmp_path}", "run_name=sweep", "resume=true", "optimizer.lr=1e-3,2e-3", *SMALL])
+    for job, lr in ((0, 1e-3), (1, 2e-3)):
+        run = tmp_path / "sweep" / str(job)
+        assert OmegaConf.load(run / "config.yaml").optimizer.lr == lr
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if "loss" in r] == [1, 2]
 
 
 def test_errors_are_one_line(tmp_path):
