@@ -89,9 +89,11 @@ def _command_line_keys(cfg: TrainConfig) -> set[str]:
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    named = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))}
+    hydra_cfg = HydraConfig.get()
+    named = {o.key_or_group for o in OverridesParser.create().parse_overrides(list(hydra_cfg.overrides.task))}
     given = leaves(OmegaConf.to_container(OmegaConf.structured(cfg)))
-    default = leaves(OmegaConf.to_container(OmegaConf.structured(_train_config(hydra_compose(config_name="config")))))
+    default = _train_config(hydra_compose(config_name=hydra_cfg.job.config_name))
+    default = leaves(OmegaConf.to_container(OmegaConf.structured(default)))
     return named | {k for k in given.keys() | default.keys() if given.get(k) != default.get(k)}
 
 

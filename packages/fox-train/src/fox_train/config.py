@@ -274,7 +274,7 @@ def check(cfg: TrainConfig) -> None:
     for key, low in AT_LEAST:
         value = attrgetter(key)(cfg)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or math.isinf(value):
-            raise ValueError(f"{key} must be a number >= {low}, got {value!r}")
+            raise ValueError(f"{key} must be at least {low}, got {value!r}")
     if cfg.schedule.min_lr_ratio > 1:
         raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {cfg.schedule.min_lr_ratio}")
     if cfg.global_batch_tokens % cfg.data.seq_len:
