@@ -113,3 +113,65 @@ def test_generate_forwards_keyword_arguments():
     out = model.generate(ids, max_new_tokens=2, output_hidden_states=True, return_dict_in_generate=True, **GREEDY)
     assert all("output_hidden_states" in kw for kw in seen)
     assert len(out.hidden_states) == 2 and len(out.hidden_states[0]) == 3
+
+
+BASELINES = {"mamba2": dict(num_heads=8, head_dim=16, state_size=16, num_kv_heads=None),
+             "hgrn2": dict(num_heads=2, expand_ratio=16, num_kv_heads=None), "delta_net": dict(num_heads=2, num_kv_heads=None)}
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, mask):
+        return self.model(ids, attention_mask=mask, use_cache=False).logits
+
+
+def _padded(batch, length, seed):
+    ids = torch.randint(3, 97, (batch, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[-1, :2] = 0  # left padding
+    mask[0, -1] = 0  # right padding
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", ["fox-pro", "fox-llama", "transformer-pro", "transformer-llama"])
+def test_torch_export_with_dynamic_batch_and_length(family):
+    """No data-dependent check runs while exporting (the padding mask is read without a branch); the
+    exported program computes the model's function at other shapes and paddings."""
+    model = tiny_model(family)
+    ids, mask = _padded(2, 9, 0)
+    b, t = torch.export.Dim("b", min=1, max=64), torch.export.Dim("t", min=3, max=4096)
+    program = torch.export.export(_Logits(model), (ids, mask), dynamic_shapes=({0: b, 1: t}, {0: b, 1: t}), strict=False)
+    ids, mask = _padded(3, 13, 1)
+    torch.testing.assert_close(program.module()(ids, mask), model(ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("family", list(BASELINES))
+def test_torch_export_of_the_recurrent_models_at_fixed_shapes(family):
+    """The CPU recurrence runs one step per token, so the exported length is fixed."""
+    model = tiny_model(family, **BASELINES[family])
+    ids, mask = _padded(2, 9, 0)
+    program = torch.export.export(_Logits(model), (ids, mask), strict=False)
+    ids, mask = _padded(2, 9, 1)
+    torch.testing.assert_close(program.module()(ids, mask), model(ids, attention_mask=mask).logits)
+
+
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama", *BASELINES])
+def test_disk_offload(tmp_path, family):
+    """from_pretrained with a device_map that puts a block and the LM head on disk (accelerate loads each
+    module's weights when it is called): the same logits and generation as the model in memory."""
+    model = tiny_model(family, **BASELINES.get(family, {}))
+    model.save_pretrained(tmp_path / "m")
+    root, norm = ("backbone", "norm_f") if family == "mamba2" else ("model", "norm")
+    device_map = {f"{root}.embeddings": "cpu", f"{root}.layers.0": "cpu", f"{root}.layers.1": "disk",
+                  f"{root}.{norm}": "cpu", "lm_head": "disk"}
+    if family == "hgrn2":
+        device_map["model.lower_bounds"] = "cpu"
+    offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m", device_map=device_map,
+                                                     offload_folder=str(tmp_path / "offload")).eval()
+    assert offloaded.lm_head.weight.device.type == "meta"  # read from disk (the safetensors file) when called
+    ids = torch.randint(3, 97, (2, 8), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(offloaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-6)
+    assert torch.equal(offloaded.generate(ids, max_new_tokens=4, **GREEDY), model.generate(ids, max_new_tokens=4, **GREEDY))

@@ -132,8 +132,10 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None) 
 def _bare_linear(module: nn.Module) -> bool:
     """A plain nn.Linear without hooks, whose weight and bias are its whole function, so its matmul can
     join the fused input projection. Anything else (a PEFT/LoRA wrapper, a quantised linear, a module with
-    forward hooks) is called as a module, so what it adds takes effect."""
-    return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+    forward hooks, or whose forward was replaced on the instance, as accelerate's offloading does to load
+    its weights just in time) is called as a module, so what it adds takes effect."""
+    return (type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+            and "forward" not in module.__dict__)
 
 
 class ForgettingAttentionLayer(nn.Module):

@@ -373,9 +373,9 @@ class DeltaNetAttention(nn.Module):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if real is not None:  # padded inputs must not reach real tokens through the convolutions
             q, k, v = q * real, k * real, v * real
-        q, cq = short_conv(q, self.q_conv1d.weight, get("conv_q"))
-        k, ck = short_conv(k, self.k_conv1d.weight, get("conv_k"))
-        v, cv = short_conv(v, self.v_conv1d.weight, get("conv_v"))
+        q, cq = self.q_conv1d(q, get("conv_q"))
+        k, ck = self.k_conv1d(k, get("conv_k"))
+        v, cv = self.v_conv1d(v, get("conv_v"))
         if real is not None:
             v = v * real
         q = l2_normalize(q.view(B, T, H, -1))
@@ -389,12 +389,19 @@ class DeltaNetAttention(nn.Module):
 
 
 class _ConvWeight(nn.Module):
-    """Holds a depthwise conv weight (C, 1, W) under the published name ``<x>_conv1d.weight``."""
+    """A causal depthwise convolution with SiLU, weight (C, 1, W) under the published name ``<x>_conv1d.weight``.
+
+    Called as a module (never its weight read from outside), so hooks that load weights just in time
+    (accelerate's disk offload) see it."""
 
     def __init__(self, channels: int, width: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(channels, 1, width))
         nn.init.normal_(self.weight, std=1 / math.sqrt(width))
+
+    def forward(self, x, state=None):
+        """x (B, T, C), state (B, W - 1, C) or None -> (y, new state), as ``short_conv``."""
+        return short_conv(x, self.weight, state)
 
 
 class RecurrentBlock(nn.Module):

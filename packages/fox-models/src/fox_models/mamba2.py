@@ -117,6 +117,16 @@ class GatedRMSNorm(nn.Module):
         return (g.view_as(h) * self.weight.to(acc)).to(y.dtype)
 
 
+class CausalConv1d(nn.Conv1d):
+    """The depthwise convolution of the mixer (an nn.Conv1d, with its published parameter names) run as a
+    causal convolution with SiLU over (B, T, C) inputs and a carried state; called as a module, never its
+    weights read from outside, so hooks that load weights just in time (accelerate's disk offload) see it."""
+
+    def forward(self, x, state=None):
+        """x (B, T, C), state (B, W - 1, C) or None -> (y, new state), as ``short_conv``."""
+        return short_conv(x, self.weight, state, bias=self.bias)
+
+
 class Mamba2Mixer(nn.Module):
     def __init__(self, config: Mamba2Config):
         super().__init__()
@@ -127,7 +137,7 @@ class Mamba2Mixer(nn.Module):
         self.time_step_limit = config.time_step_limit
         self.in_proj = nn.Linear(config.hidden_size, self.intermediate_size + self.conv_dim + self.num_heads,
                                  bias=config.use_bias)
-        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, config.conv_kernel, groups=self.conv_dim,
+        self.conv1d = CausalConv1d(self.conv_dim, self.conv_dim, config.conv_kernel, groups=self.conv_dim,
                                 bias=config.use_conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
         self.A_log = nn.Parameter(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.float32)))
@@ -143,7 +153,7 @@ class Mamba2Mixer(nn.Module):
         if real is not None:  # padded tokens feed zeros to the convolution and nothing to the state
             xbc = xbc * real
         get = (lambda name: None) if state is None else state.get
-        xbc, conv_state = short_conv(xbc, self.conv1d.weight, get("conv"), bias=self.conv1d.bias)
+        xbc, conv_state = self.conv1d(xbc, get("conv"))
         xs, b, c = xbc.split([self.intermediate_size, G * N, G * N], dim=-1)
         acc = torch.promote_types(x.dtype, torch.float32)
         dt = F.softplus(dt.to(acc) + self.dt_bias.to(acc))

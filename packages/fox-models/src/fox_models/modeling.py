@@ -76,6 +76,10 @@ def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | N
     T = mask.shape[1]
     pos = torch.arange(T, device=mask.device)[None, :]
     seq_start = torch.where(mask, pos, T).amin(-1).clamp_max(T - 1)  # an all-padding row: start at the end
+    if torch.compiler.is_compiling():
+        # torch.export / torch.compile: no check of or branch on the mask's values (each would be a graph
+        # break or an export error); a seq_start of zeros is the unpadded function, so it is always passed
+        return seq_start
     seq_end = torch.where(mask, pos + 1, 0).amax(-1)
     expected = (pos >= seq_start[:, None]) & (pos < seq_end[:, None])
     if not torch.equal(mask, expected):
