@@ -133,6 +133,13 @@ def test_bad_counts_are_one_line_errors(tmp_path, override, key):
     assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_missing_accelerator_is_one_line(tmp_path):
+    with pytest.raises(SystemExit, match=r"^fox-train: strategy.accelerator=cuda strategy.devices=1: `CUDAAccelerator` "
+                                         r"can not run on your system"):
+        main([f"out_dir={tmp_path}", "strategy.accelerator=cuda", *SMALL])
+
+
 def test_a_failed_save_leaves_no_temporary_files(tmp_path, monkeypatch):
     """Checkpoints are written beside their final place (not in the system temp directory); a save that
     fails (a full disk) removes its temporary directory and ends the run in one line; a resumed run removes

@@ -207,8 +207,12 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
         strategy = _fsdp2_strategy(s, precision)
     # FSDP and FSDP2 write their full checkpoint with torch.save themselves
     plugins = [ckpt.DirectTorchIO()] if s.name in ("single", "ddp") else None
-    return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
-                    precision=precision, plugins=plugins)
+    try:
+        return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
+                        precision=precision, plugins=plugins)
+    except (RuntimeError, ValueError) as e:  # an accelerator or devices this machine does not have
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"strategy.accelerator={s.accelerator} strategy.devices={s.devices}: {first}") from None
 
 
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
