@@ -140,7 +140,7 @@ class Mamba2Mixer(nn.Module):
         self.conv1d = CausalConv1d(self.conv_dim, self.conv_dim, config.conv_kernel, groups=self.conv_dim,
                                 bias=config.use_conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.float32)))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.get_default_dtype())))
         self.D = nn.Parameter(torch.ones(self.num_heads))
         self.norm = GatedRMSNorm(self.intermediate_size, self.intermediate_size // self.n_groups,
                                  config.layer_norm_epsilon)
@@ -240,6 +240,7 @@ class Mamba2ForCausalLM(_Mamba2Init, _FoxForCausalLMBase):
 
     config_class = Mamba2Config
     base_model_prefix = "backbone"
+    _tied_weights_keys = {"lm_head.weight": "backbone.embeddings.weight"}  # with config.tie_word_embeddings only
 
     def __init__(self, config: Mamba2Config):
         PreTrainedModel.__init__(self, config)

@@ -233,6 +233,7 @@ class _FoxBackbone(_FoxPreTrainedBase):
 
 class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
     backbone_cls = _FoxBackbone
+    _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}  # with config.tie_word_embeddings only
 
     def __init__(self, config):
         super().__init__(config)
