@@ -147,7 +147,7 @@ def render(r: dict, labels: dict[str, str]) -> str:
         "# Results: the paper's findings at small scale, on one GPU",
         "",
         "Made by `python scripts/reproduce.py all` (prepare the corpus slice, train every model, evaluate, write",
-        "this page); the numbers and figures below are that run's, nothing is edited by hand.",
+        "this page); its tables and figures are that run's output, unedited.",
         f"GPU: {env['device']}; torch {env['torch']}, triton {env.get('triton', 'n/a')}, transformers {env['transformers']}, "
         f"Python {env['python']}. Whole job: {total / 60:.1f} min.",
         "",
