@@ -56,7 +56,7 @@ print(json.dumps({{"model": type(m).__module__, "tok": type(tok).__name__, "ids"
 
 
 def test_trainer_with_the_language_modelling_collator(tmp_path):
-    from datasets import Dataset
+    Dataset = pytest.importorskip("datasets").Dataset
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
     model = tiny_model()
@@ -78,7 +78,8 @@ def test_trainer_with_the_language_modelling_collator(tmp_path):
 
 
 def test_lora_on_every_projection_changes_the_output_and_trains(tmp_path):
-    from peft import LoraConfig, PeftModel, get_peft_model
+    peft = pytest.importorskip("peft")
+    LoraConfig, PeftModel, get_peft_model = peft.LoraConfig, peft.PeftModel, peft.get_peft_model
 
     base = tiny_model()
     ids = torch.randint(0, 50257, (2, 11), generator=torch.Generator().manual_seed(1))
