@@ -2,8 +2,8 @@
 variant's error against float64 at small odd shapes, then forward and forward+backward times at the
 training shapes, variants alternating over ``--rounds`` so that drift of the GPU's clock hits all alike.
 cuDNN SDPA at the same shape is timed beside them for scale, with ``bench_attention.py``'s inputs and timing
-(the median of ``triton.testing.do_bench``; session 18's JSON took do_bench's mean, commits 320c76f and
-f7c6630).
+(the median of ``triton.testing.do_bench``; exp2-split-h100-s18.json, gluon-tiles-dq3-fwd4-h100-s18.json
+and gluon-stages-h100-s18.json hold do_bench's mean instead).
 Prints a table and writes JSON.
 
     python packages/fox-kernel/benchmarks/gluon_variants.py --variants base dkdv-s3 --out variants.json

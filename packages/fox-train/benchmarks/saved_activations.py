@@ -4,8 +4,8 @@ Compiles one decoder block of each model with inductor for the CPU and lists the
 partitioned forward hands to the backward (after inductor's joint-graph passes and its min-cut
 rematerialisation, as in compiled training), in units of one (T, hidden) bf16 tensor. Weights and other
 T-independent tensors are summed apart. The attention is an opaque op on either device, so the CPU
-graph keeps what the GPU one keeps, up to differences between torch versions (session 19: the
-difference between FoX (Pro) and the Transformer (LLaMA) matched the H100's peak memory to 2%).
+graph keeps what the GPU one keeps, up to differences between torch versions (saved-activations-cpu-s19-125m.json:
+the difference between FoX (Pro) and the Transformer (LLaMA) matched the H100's peak memory to 2%).
 
 Inductor's CPU backend needs a C++ compiler.
 

@@ -19,13 +19,13 @@ import triton
 # ~380 bytes at BLOCK_M=64 and none at 32, yet 64 was 1-3% faster at every shape.
 GLUON_TILES = {64: (64, 128, 2, 240, 24), 128: (64, 128, 2, 240, 24)}
 # The dQ pass: (BLOCK_M, BLOCK_N, STAGES, consumer / loader registers); BLOCK_M rows are split between
-# the two consumer warpgroups. Measured on an H200 (Triton 3.6, the pass alone, T=16k and 4k, session 12,
+# the two consumer warpgroups. Measured on an H200 (Triton 3.6, the pass alone, T=16k and 4k,
 # benchmarks/gluon-dq-h200-s12.json): 128-key tiles beat 64 by 15-20% at both head dims although D=128
 # spills ~100 bytes with them; a third stage and launching heads first were within 2% either way.
 GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
 # The forward with the online softmax (float16, or FOX_KERNEL_FIXED_BOUND=0): as the dQ pass (64-key tiles
-# or a third stage were 2-20% slower, session 12). The Triton forward's fixed softmax bound made that one
-# faster on long sequences at D=64, so there this form only takes keys up to GLUON_FWD_MAX_KEYS[D] (and
+# or a third stage were 2-20% slower, gluon-fwd-h200-s12.json). The Triton forward's fixed softmax bound
+# made that one faster on long sequences at D=64, so there this form only takes keys up to GLUON_FWD_MAX_KEYS[D] (and
 # so do pruned calls at D=64, see triton_forward). Measured on an H200 (benchmarks/gluon-fwd-h200-s12.json,
 # forward TFLOP/s, Gluon / Triton): D=64 T=4k 307 / 285, 8k GQA 348 / 382, 16k 380 / 390; D=128 4k 429 /
 # 358, 16k 518 / 487.

@@ -845,7 +845,7 @@ def interpreting() -> bool:
 
 
 # Tile shapes per pass, from benchmarks/tune_tiles.py on an H200 (sm90, torch 2.11, triton 3.6, T=16k;
-# the forward's re-swept in session 6 with the fixed softmax bound, six tiles per head dim);
+# the forward's swept with the fixed softmax bound, six tiles per head dim, fixed-bound-h200-s6.json);
 # sm80 gets them with narrower key tiles and two stages (less shared memory); older GPUs, fp32 and
 # D > 128 get small, safe tiles.
 TILES = {
@@ -853,7 +853,7 @@ TILES = {
             128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)},
     "dkdv": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
              128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
-    # D=64 dQ: 64x64 with three stages, re-swept in session 9 (backward 11.64 -> 10.65 ms at H=32, T=16k)
+    # D=64 dQ: 64x64 with three stages (backward 11.64 -> 10.65 ms at H=32, T=16k; backward-tiles-h200-s9.json)
     "dq": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
            128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
     # the one-pass backward (dK/dV program adding dQ in with atomics)
@@ -912,7 +912,8 @@ def _grid(kind, n_heads, n_blocks, head_dim=128, group=1):
     forward gains from all heads' heaviest blocks first at D <= 64 and with GQA (2-3%), loses at D=128
     MHA; both backward passes lose with it (D=64 dK/dV up to 2x: Q/dO no longer shared in L2), except
     the dK/dV pass of GQA at D=128: a program there runs the whole group, so one group's heaviest
-    programs, launched last, left a tail (fwd+bwd 1-8% faster heads first at four shapes, session 10;
+    programs, launched last, left a tail (fwd+bwd 1-8% faster heads first at four shapes on an H200,
+    gqa-launch-order-h200-s10.json;
     at D=64 it was 3% slower at T=16k). FOX_KERNEL_ORDER_<PASS>=heads|blocks overrides (for benchmarking)."""
     heads = (kind == "fwd" and (head_dim <= 64 or group > 1)) or (kind == "dkdv" and group > 1 and head_dim > 64)
     default = "heads" if heads else "blocks"
@@ -991,7 +992,8 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     c = triton_prefix_sums(log_fgate, seq_start)
     # With pruning, the Triton forward takes each query tile's own "auto" bound (tighter than the Gluon
     # forward's per-head one) and needs fewer launches: at D=64 it stays there past GLUON_FWD_MAX_KEYS (the
-    # pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100, session 16).
+    # pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100:
+    # fox-train/benchmarks/forward-ab-h100-s16-125m.json).
     fixed = fixed_bound_softmax(q.dtype)
     long_ok = fixed and threshold is None and auto_log_eps is None
     if use_gluon_forward(q, k, seq_start, cu_seqlens, long_ok):
@@ -1066,10 +1068,10 @@ def fused_backward() -> bool:
     ``FOX_KERNEL_BACKWARD=fused|two-pass`` chooses; ``torch.use_deterministic_algorithms(True)`` forces
     the two-pass form. Two passes are the default: on an H200 (Triton 3.6, T=16k, H*D=2048, bf16) the
     Triton one-pass backward, best of seven tiles, took 12.35 ms vs 11.78 ms at D=64 (10.65 ms since the
-    dQ pass's 64x64 tiles) and 11.9 ms vs 7.9 ms at D=128 (session 9). Where the Gluon kernels run, the
-    one pass is the Gluon dK/dV kernel adding dQ in with TMA reductions (D=64; D=128 keeps two passes):
-    on an H100 (session 15, T=16k, D=64) 3.08 vs 2.88-2.91 ms at H=12, 5.94-5.99 vs 5.81-5.86 ms at H=24,
-    2.53-2.56 vs 2.31 ms at T=8k with GQA 32/8."""
+    dQ pass's 64x64 tiles) and 11.9 ms vs 7.9 ms at D=128 (fused-backward-tiles-h200-s9.json). Where the
+    Gluon kernels run, the one pass is the Gluon dK/dV kernel adding dQ in with TMA reductions (D=64;
+    D=128 keeps two passes): on an H100 (results-h100-s15-quick.json, T=16k, D=64) 3.08 vs 2.88-2.91 ms
+    at H=12, 5.94-5.99 vs 5.81-5.86 ms at H=24, 2.53-2.56 vs 2.31 ms at T=8k with GQA 32/8."""
     mode = os.environ.get("FOX_KERNEL_BACKWARD", "two-pass")
     if mode not in BACKWARD_MODES:
         raise ValueError(f"FOX_KERNEL_BACKWARD must be one of {BACKWARD_MODES}, got {mode!r}")
