@@ -267,6 +267,15 @@ def test_pruning_from_qk_norm_weights_stays_close():
     _close(pruned(x)[0], exact(x)[0], tol=1e-3)
 
 
+def test_pruning_tolerance_without_qk_norm_is_minus_ten_or_an_error():
+    layer = ForgettingAttentionLayer(HIDDEN, 4, log_pruning_tolerance=-10.0)
+    assert layer.pruning_threshold(64) == "auto"
+    layer.log_pruning_tolerance = -5.0  # was silently no pruning at all
+    with pytest.raises(ValueError, match="log_pruning_tolerance -5.0 needs qk_norm"):
+        layer(_x(1, 8))
+    assert layer.pruning_threshold(64, -10.0) == "auto"
+
+
 def test_fixed_gate_decay_times():
     layer = _layer("fixed")
     lf = layer.log_fgate(_x(1, 3))

@@ -271,7 +271,10 @@ class ForgettingAttentionLayer(nn.Module):
         if log_tolerance is None:
             return None
         if not self.qk_norm:
-            return "auto" if log_tolerance == -10.0 else None
+            if log_tolerance != -10.0:  # the kernel's "auto" bound (from the q/k norms) is for ln eps = -10 only
+                raise ValueError(f"log_pruning_tolerance {log_tolerance} needs qk_norm (its bound comes from the "
+                                 "norm weights); without qk_norm only -10 (the kernel's \"auto\") is supported")
+            return "auto"
         # |s q.k| <= s * ||q|| ||k|| <= sqrt(D) * max|w_q| * max|w_k| for RMS-normalised q and k.
         group = self.num_heads // self.num_kv_heads
         wk = self.k_norm.max_abs_weight().repeat_interleave(group)
