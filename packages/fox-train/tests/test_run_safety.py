@@ -98,13 +98,21 @@ def test_export_of_a_truncated_checkpoint_or_to_an_unwritable_folder_is_one_line
     main(["export", str(step), str(tmp_path / "hf")])
     assert load_file(tmp_path / "hf" / "model.safetensors")
 
-    def refuse(*args, **kwargs):
+    def read_only(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path / "ro"))
 
+    def full(*args, **kwargs):
+        from safetensors import SafetensorError
+
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+
     with monkeypatch.context() as m:
-        m.setattr("transformers.PreTrainedModel.save_pretrained", refuse)
+        m.setattr("transformers.PreTrainedModel.save_pretrained", read_only)
         with pytest.raises(SystemExit, match=r"^fox-train export: cannot write .*ro: \[Errno 13\] Permission denied"):
             main(["export", str(step), str(tmp_path / "ro")])
+        m.setattr("transformers.PreTrainedModel.save_pretrained", full)
+        with pytest.raises(SystemExit, match=r"^fox-train export: cannot write .*full: .*StorageFull"):
+            main(["export", str(step), str(tmp_path / "full")])
 
     data = (step / "state.pt").read_bytes()
     (step / "state.pt").write_bytes(data[: len(data) // 2])
@@ -239,3 +247,24 @@ def test_sigterm_or_ctrl_c_then_resume_equals_an_uninterrupted_run(tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), k
+
+
+def test_metrics_keep_the_steps_up_to_the_checkpoint(tmp_path):
+    """A run resuming at step 3 drops the later records (and a line cut by a kill) from metrics.jsonl and
+    metrics.csv; a run starting at step 0 starts them afresh."""
+    from fox_train.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path, {}, False, False, "fox")
+    for step in range(6):
+        writer.log({"step": step, "loss": 10.0 - step})
+    writer.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')
+    writer = MetricsWriter(tmp_path, {}, False, False, "fox", start_step=3)
+    writer.log({"step": 4, "loss": 0.5})
+    writer.close()
+    assert [(r["step"], r["loss"]) for r in _records(tmp_path)] == [(0, 10.0), (1, 9.0), (2, 8.0), (3, 7.0), (4, 0.5)]
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,key,value", "0,loss,10.0", "1,loss,9.0", "2,loss,8.0", "3,loss,7.0", "4,loss,0.5"]
+    MetricsWriter(tmp_path, {}, False, False, "fox").close()
+    assert (tmp_path / "metrics.jsonl").read_text() == "" and not (tmp_path / "metrics.csv").exists()

@@ -29,7 +29,7 @@ def peak_flops(device: torch.device) -> float | None:
 def _jsonl_step(line: str) -> int | None:
     try:
         return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):  # a line cut by a kill
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -46,7 +46,10 @@ def _keep_until(path: Path, start: int, step_of, header: bool) -> None:
         return
     lines = path.read_text().splitlines(keepends=True)
     kept = lines[:1] if header else []
-    kept += [line for line in lines[len(kept):] if line.endswith("\n") and (s := step_of(line)) is not None and s <= start]
+    for line in lines[len(kept):]:
+        step = step_of(line) if line.endswith("\n") else None  # a line cut by a kill has no end
+        if step is not None and step <= start:
+            kept.append(line)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(kept))
     os.replace(tmp, path)

@@ -597,10 +597,15 @@ def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_
 def export_model(model, tokenizer, out: Path, state_dict: dict | None = None) -> None:
     """Hugging Face directory (safetensors + config + tokenizer) that from_pretrained and fox-eval load;
     ``state_dict``: the full weights of a sharded model (see full_state_dict)."""
+    from safetensors import SafetensorError
+
     module = getattr(model, "module", model)
     module = getattr(module, "_orig_mod", module)
-    module.save_pretrained(out, state_dict=state_dict)
-    tokenizer.save_pretrained(out)
+    try:
+        module.save_pretrained(out, state_dict=state_dict)
+        tokenizer.save_pretrained(out)
+    except (OSError, SafetensorError) as e:  # a read-only or full folder (safetensors has its own error type)
+        raise OSError(f"cannot write {out}: {e}") from None
 
 
 def config_from_run(run_dir: Path) -> TrainConfig:
@@ -628,8 +633,5 @@ def export_checkpoint(checkpoint: Path, out: Path) -> None:
     except (RuntimeError, TypeError, AttributeError) as e:  # other shapes or keys; not a state dict
         first = str(e).strip().splitlines()[-1].strip()
         raise ValueError(f"{state_path} does not fit the model of {run_dir / 'config.yaml'}: {first}") from None
-    try:
-        export_model(model, fox_models.JSONGPT2Tokenizer(), out)
-    except OSError as e:  # a read-only or full output folder
-        raise OSError(f"cannot write {out}: {e}") from None
+    export_model(model, fox_models.JSONGPT2Tokenizer(), out)
 
