@@ -188,14 +188,18 @@ def main(argv: list[str] | None = None) -> None:
     _keep_freed_memory()
     if argv and argv[0] in ("tokenize", "export"):
         ap = argparse.ArgumentParser(prog=f"fox-train {argv[0]}")
-        if argv[0] == "tokenize":
-            ap.add_argument("input", help="a .txt file or a folder of them")
-            ap.add_argument("output", help="output .npy token file")
-            _tokenize(ap.parse_args(argv[1:]))
-        else:
-            ap.add_argument("checkpoint", help="outputs/<run>/checkpoints/step-XXXXXXXX")
-            ap.add_argument("output", help="directory for the Hugging Face model")
-            _export(ap.parse_args(argv[1:]))
+        try:
+            if argv[0] == "tokenize":
+                ap.add_argument("input", help="a .txt file or a folder of them")
+                ap.add_argument("output", help="output .npy token file")
+                _tokenize(ap.parse_args(argv[1:]))
+            else:
+                ap.add_argument("checkpoint", help="outputs/<run>/checkpoints/step-XXXXXXXX")
+                ap.add_argument("output", help="directory for the Hugging Face model")
+                _export(ap.parse_args(argv[1:]))
+        except KeyboardInterrupt:
+            print(f"fox-train {argv[0]}: interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
         return
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
