@@ -88,6 +88,9 @@ def test_crafted_checkpoint_runs_nothing(tmp_path):
 
     with pytest.warns(UserWarning, match="skipping checkpoint"), pytest.raises(ValueError, match="no checkpoint under"):
         ckpt.load_newest(FSDPFabric(), run / "checkpoints", {})
+    with pytest.warns(UserWarning), pytest.raises(SystemExit, match=r"^fox-train: resume=true: no checkpoint under .* "
+                                                                     r"loads \(step-00000001: .*refused"):
+        main([f"out_dir={tmp_path}", "run_name=run", "resume=true"])
     with pytest.raises(SystemExit, match=r"^fox-train: .*refused"):
         main([f"out_dir={tmp_path}", "run_name=warm", f"init_from={step}", "schedule.total_tokens=256", *SMALL])
     assert not marker.exists()
