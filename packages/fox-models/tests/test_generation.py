@@ -118,3 +118,13 @@ def test_beam_search_sequences_score_like_full_forwards(family):
     new = seqs[:, 7:]
     scores = logp[:, 6:-1].gather(-1, new[..., None])[..., 0].sum(-1)
     torch.testing.assert_close(scores, out.sequences_scores, rtol=1e-4, atol=1e-4)
+
+
+def test_a_foreign_cache_is_refused_clearly():
+    from transformers import DynamicCache
+
+    model = tiny_model("fox-pro")
+    with pytest.raises(TypeError, match="FoxCache"):
+        model(prompt(1, 4), past_key_values=DynamicCache())
+    with pytest.raises(TypeError, match="FoxCache"):
+        model.generate(prompt(1, 4), past_key_values=DynamicCache(), max_new_tokens=2, **GREEDY)

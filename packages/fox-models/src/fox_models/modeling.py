@@ -124,6 +124,9 @@ class _FoxPreTrainedBase(PreTrainedModel):
         output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         cache = past_key_values
+        if cache is not None and not isinstance(cache, LayerCache):
+            raise TypeError(f"past_key_values must be this model's cache ({type(self.new_cache()).__name__}, from "
+                            f"model.new_cache()), got {type(cache).__name__}")
         if use_cache and cache is None:
             cache = self.new_cache()
         past = 0 if cache is None else cache.get_seq_length()
