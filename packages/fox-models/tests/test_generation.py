@@ -128,3 +128,18 @@ def test_a_foreign_cache_is_refused_clearly():
         model(prompt(1, 4), past_key_values=DynamicCache())
     with pytest.raises(TypeError, match="FoxCache"):
         model.generate(prompt(1, 4), past_key_values=DynamicCache(), max_new_tokens=2, **GREEDY)
+
+
+@pytest.mark.parametrize("family", FAMILIES + list(BASELINES))
+def test_the_cache_does_not_keep_the_prefill_buffers_alive(family):
+    """Cached tensors are not views into the prompt's projection outputs (one fused matmul for q, k, v and
+    the gates; the convolution's input window), which would keep them alive for every layer."""
+    model = tiny_model(family)
+    cache = model.model.new_cache()
+    with torch.no_grad():
+        model(prompt(2, 40), past_key_values=cache)
+    for layer in cache.layers:
+        tensors = layer.tensors.values() if family in BASELINES else [
+            t for t in (layer.k, layer.v, layer.c, layer.k_shift, layer.v_shift) if t is not None]
+        for t in tensors:
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size()

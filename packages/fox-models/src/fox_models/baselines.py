@@ -204,7 +204,11 @@ class RecurrentState(CacheLayerMixin):
             h = torch.cat([ph.to(h.dtype), h], dim=1)
         if self.record_past:
             self._calls.append((dict(self.tensors), self.length - n, h, real))
-        return mixer(h, real)[:, n:]
+        out = mixer(h, real)[:, n:]
+        if h.shape[1] > 1:  # a state sliced from a chunk's buffer (the convolution window) would keep it alive
+            self.tensors = {k: t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
+                            for k, t in self.tensors.items()}
+        return out
 
     def activate_past_recording(self) -> None:
         self.record_past = True
