@@ -195,7 +195,8 @@ class TrainConfig:
     below 1, inductor's partitioner recomputes the cheapest ops (norms, gates, token shift) instead of
     saving their outputs (torch._functorch.config.activation_memory_budget). Any budget from 0.8 to 0.97
     put the 125M and 760M FoX (Pro) under the default Transformer's peak memory, at 0.4-0.7% (125M) and
-    1.6-2.3% (760M) of their speed on an H100 (docs/performance.md, session 19). None: torch's default."""
+    1.6-2.3% (760M) of their speed on an H100 (docs/performance.md, memory-budgets-h100-s19.json). None: torch's
+    default."""
     gradient_checkpointing: bool = False
     recompute_projections: bool = False
     """Selective recomputation in FoX attention layers: keep only each layer's input and the attention's
