@@ -140,7 +140,7 @@ class Mamba2Mixer(nn.Module):
         self.conv1d = CausalConv1d(self.conv_dim, self.conv_dim, config.conv_kernel, groups=self.conv_dim,
                                 bias=config.use_conv_bias)
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.get_default_dtype())))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.float32)))
         self.D = nn.Parameter(torch.ones(self.num_heads))
         self.norm = GatedRMSNorm(self.intermediate_size, self.intermediate_size // self.n_groups,
                                  config.layer_norm_epsilon)
@@ -193,6 +193,7 @@ class Mamba2Block(nn.Module):
 
 class _Mamba2Init(_RecurrentInit):
     _no_split_modules = ["Mamba2Block"]
+    _keep_in_fp32_modules_strict = ["A_log"]  # the decay rates stay float32 in fp16/bf16 models, as released
 
     def _init_weights(self, module):
         super()._init_weights(module)
