@@ -19,10 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import CacheLayerMixin
 
 from fox_layers import RMSNorm
-from fox_models.cache import LayerCache
+from fox_models.cache import LayerCache, ModelFilledLayer
 from fox_models.compat import ConfigBase
 from fox_models.recurrent_ops import delta_rule, gated_linear_attention, l2_normalize, short_conv
 
@@ -162,7 +161,7 @@ class DeltaNetConfig(_RecurrentConfig):
                          tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
-class RecurrentState(CacheLayerMixin):
+class RecurrentState(ModelFilledLayer):
     """What one recurrent layer keeps between calls (a transformers cache layer): named float32/activation
     tensors (scan state, convolution windows) and the number of tokens seen.
 
@@ -270,21 +269,6 @@ class RecurrentState(CacheLayerMixin):
         device = getattr(self, "_device", None)
         if device is not None:
             self._map(lambda t: t.to(device, non_blocking=True))
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        raise NotImplementedError("a RecurrentState is filled by the model's forward")
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        raise NotImplementedError("a RecurrentState is filled by the model's forward")
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class RecurrentCache(LayerCache):

@@ -22,7 +22,27 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from fox_layers import AttentionState
 
 
-class FoxCacheLayer(AttentionState, CacheLayerMixin):
+class ModelFilledLayer(CacheLayerMixin):
+    """A transformers cache layer that the model's own forward fills (never ``Cache.update``), holding
+    ``length`` tokens and growing without a preset limit."""
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        raise NotImplementedError(f"a {type(self).__name__} is filled by the model's forward")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        raise NotImplementedError(f"a {type(self).__name__} is filled by the model's forward")
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class FoxCacheLayer(AttentionState, ModelFilledLayer):
     """One FoX attention layer's state as a transformers cache layer."""
 
     is_compileable = False
@@ -46,21 +66,6 @@ class FoxCacheLayer(AttentionState, CacheLayerMixin):
     @property
     def values(self):
         return self.v
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        raise NotImplementedError("a FoxCacheLayer is filled by the model's forward")
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        raise NotImplementedError("a FoxCacheLayer is filled by the model's forward (AttentionState.append)")
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
     def activate_past_recording(self) -> None:
         self.record_past = True
