@@ -87,6 +87,8 @@ def evaluate(args) -> dict:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     L = _train_len(args)
+    if not (args.out / "data" / "heldout_index.json").exists():
+        raise FileNotFoundError(f"no prepared corpus under {args.out / 'data'} (run the prepare stage first)")
     seqs = heldout_documents(args.out / "data", args.eval_factor * L, args.eval_docs)
     result = {"train_len": L, "eval_len": int(seqs.shape[1]), "eval_documents": int(len(seqs)), "models": {}}
     curves = {}

@@ -62,3 +62,5 @@ def test_bad_arguments_are_named(tmp_path):
     assert r.returncode != 0 and "--models: unknown ['gpt5']" in r.stderr
     r = reproduce("prepare", "--slice", str(tmp_path / "none.jsonl.xz"), out=tmp_path)
     assert r.returncode != 0 and "none.jsonl.xz' does not exist" in r.stderr
+    r = reproduce("evaluate", out=tmp_path)
+    assert r.returncode != 0 and "no prepared corpus under" in r.stderr

@@ -89,5 +89,7 @@ def test_bad_inputs_are_named(tmp_path):
         list(lc.iter_sources(tmp_path / "x.deb"))
     with pytest.raises(SystemExit, match="slice 'nope.jsonl.xz' does not exist"):
         lc.main(["tokenize", "nope.jsonl.xz", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="nope.deb' does not exist"):
+        lc.main(["slice", str(tmp_path / "nope.deb"), str(tmp_path / "s.jsonl.xz")])
     with pytest.raises(SystemExit, match="--heldout-percent"):
         lc.main(["slice", "x.deb", "y", "--heldout-percent", "0"])

@@ -87,6 +87,8 @@ def write_slice(deb: Path, out: Path, train_mb: float, heldout_percent: float = 
     """Every held-out file and the train files in hash order up to ``train_mb`` MB of text (0: all) into
     ``out`` (JSON lines, xz). Files over ``max_file_kb`` KB are left out: they are machine-generated
     register tables (the largest, 24 MB of ``#define``s, would dominate the held-out set)."""
+    if not deb.exists():
+        raise FileNotFoundError(f"{str(deb)!r} does not exist (fetch it with `download DIR`)")
     files = {"train": [], "heldout": []}
     for path, text in iter_sources(deb):
         if len(text.encode()) <= max_file_kb * 1024:
