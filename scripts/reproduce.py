@@ -83,6 +83,7 @@ def train(args) -> None:
 def evaluate(args) -> dict:
     import torch
 
+    from fox_models.inspect import has_forget_gate
     from fox_train.linux_corpus import heldout_documents
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -99,7 +100,7 @@ def evaluate(args) -> dict:
         model = _load(hf, device)
         curves[name] = per_token_loss(model, seqs, args.eval_batch, device)
         result["models"][name] = loss_summary(curves[name], L)
-        if _has_forget_gate(model):
+        if has_forget_gate(model):
             result["models"][name]["pruning"] = pruning(model, seqs, curves[name], L, args.eval_batch, device)
             if name == args.inspect:
                 result["models"][name]["inspect"] = inspect(model, seqs[:1, :L], args.out / "eval" / "inspect")
@@ -133,18 +134,6 @@ def _load(path: Path, device):
     return AutoModelForCausalLM.from_pretrained(path).to(device).eval()
 
 
-def _has_forget_gate(model) -> bool:
-    from fox_models.inspect import has_forget_gate
-
-    return has_forget_gate(model)
-
-
-def _attention_layers(model):
-    from fox_models.inspect import attention_layers
-
-    return attention_layers(model)
-
-
 def per_token_loss(model, seqs: np.ndarray, batch: int, device) -> np.ndarray:
     """Mean loss at every position over the held-out documents (float64, (T,))."""
     from fox_eval.per_token_loss import sequence_losses
@@ -169,7 +158,9 @@ def loss_summary(curve: np.ndarray, L: int) -> dict:
 
 
 def set_pruning(model, log_tolerance: float | None) -> None:
-    for layer in _attention_layers(model):
+    from fox_models.inspect import attention_layers
+
+    for layer in attention_layers(model):
         layer.log_pruning_tolerance = log_tolerance
 
 
