@@ -24,10 +24,11 @@ def test_opcheck(device):
     q, k, v, lf = _args(device)
     seq_start = torch.tensor([0, 5], dtype=torch.int32, device=device)
     thr = torch.full((2, 4), -3.0, device=device)
-    # (seq_start, threshold, auto_log_eps)
-    for start, threshold, auto in ((None, None, None), (seq_start, None, None), (None, thr, None), (None, None, -10.0)):
+    # (seq_start, threshold, auto_log_eps, window)
+    for start, threshold, auto, window in ((None, None, None, 0), (seq_start, None, None, 0), (None, thr, None, 0),
+                                           (None, None, -10.0, 0), (seq_start, None, None, 7), (None, thr, None, 5)):
         torch.library.opcheck(torch.ops.fox_kernel.forgetting_attention_fwd.default,
-                              (q, k, v, lf, start, None, 32**-0.5, threshold, auto))
+                              (q, k, v, lf, start, None, 32**-0.5, threshold, auto, window))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -37,13 +38,14 @@ def test_compile_fullgraph_forward_and_backward(device):
     q, k, v, lf = _args(device)
 
     def layer(q, k, v, lf):
-        return (forgetting_attention(q * 1.5, k, v, lf) * 2).sum()
+        return (forgetting_attention(q * 1.5, k, v, lf) * 2).sum() + forgetting_attention(q, k, v, lf, window_size=5).sum()
 
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
     loss = compiled(q, k, v, lf)
     grads = torch.autograd.grad(loss, (q, k, v, lf))
     ref_in = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
-    ref_loss = (forgetting_attention_ref(ref_in[0] * 1.5, *ref_in[1:]) * 2).sum()
+    ref_loss = ((forgetting_attention_ref(ref_in[0] * 1.5, *ref_in[1:]) * 2).sum()
+                + forgetting_attention_ref(*ref_in, window_size=5).sum())
     ref_grads = torch.autograd.grad(ref_loss, ref_in)
     torch.testing.assert_close(loss.double(), ref_loss, rtol=1e-4, atol=1e-3)
     for g, r in zip(grads, ref_grads):

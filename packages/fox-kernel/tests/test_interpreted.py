@@ -18,7 +18,8 @@ def test_triton_kernels_in_the_interpreter():
     pytest.importorskip("numpy")
     env = dict(os.environ, TRITON_INTERPRET="1")
     here = Path(__file__).parent
-    tests = [str(here / name) for name in ("test_forgetting_attention.py", "test_decode.py", "test_zero_and_nan_gates.py")]
+    tests = [str(here / name) for name in ("test_forgetting_attention.py", "test_decode.py", "test_zero_and_nan_gates.py",
+                                               "test_window.py")]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
         env=env, capture_output=True, text=True, timeout=1200,

@@ -159,6 +159,7 @@ def forgetting_attention_with_kvcache(
     sm_scale: float | None = None,
     block_table: torch.Tensor | None = None,
     adaptive_threshold: float | torch.Tensor | None = None,
+    window_size: int | None = None,
 ) -> torch.Tensor:
     """Attention of the newest ``Tq`` tokens (already appended) over the cache.
 
@@ -172,6 +173,9 @@ def forgetting_attention_with_kvcache(
     tiles are never read). With the bound of FOX.md section 1 the dropped weight is at most eps, and the
     bound is finite and negative (anything else is refused). The PyTorch path ignores it and computes
     exactly.
+
+    ``window_size`` W: the query at cache position i sees keys i - W < j <= i (as ``forgetting_attention``);
+    cache tiles wholly before every served row's window are never read.
 
     ``seq_start`` (B,) counts in cache positions and may exceed the cached length (a row that is all
     padding so far, in a chunked prefill of left-padded prompts: its rows return 0).
@@ -228,6 +232,7 @@ def forgetting_attention_with_kvcache(
         checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
     _check_cache_values(None if paged is not None else c_cache, cache_seqlens, seq_start, Tq, T)
     thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
+    window = checks.check_window_size(window_size, T)
     scale = D**-0.5 if sm_scale is None else sm_scale
     if (q.is_cuda or _interpreting()) and q.dtype != torch.float64:
         from fox_kernel.ops.triton_decode import triton_decode
@@ -237,7 +242,7 @@ def forgetting_attention_with_kvcache(
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
         return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
-                             thresh)
+                             thresh, window)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = H // Hkv
     kh = k_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)  # (B, H, T, D)
@@ -254,7 +259,10 @@ def forgetting_attention_with_kvcache(
         s = torch.matmul(qh[:, :, start:end], kh.transpose(-1, -2)) * scale
         c_q = torch.gather(c, 2, pos_q.clamp_min(0)[:, None, :].expand(B, H, -1))
         s = s + c_q[..., None] - c[..., None, :]
-        allowed = (pos_k[None, None, :] <= pos_q[:, :, None])[:, None]
+        allowed = pos_k[None, None, :] <= pos_q[:, :, None]
+        if window:
+            allowed = allowed & (pos_k[None, None, :] > pos_q[:, :, None] - window)
+        allowed = allowed[:, None]
         if seq_start is not None:
             allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
         s = s.masked_fill(~allowed, float("-inf"))

@@ -44,7 +44,7 @@ def decay_bias(c_rows, zeros_rows, c_cols, zeros_cols):
     return bias.masked_fill(zeros_rows[..., :, None] != zeros_cols[..., None, :], float("-inf"))
 
 
-def _attend(q, k, v, log_fgate, seq_start, sm_scale):
+def _attend(q, k, v, log_fgate, seq_start, sm_scale, window_size=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     group = H // Hkv
@@ -58,6 +58,8 @@ def _attend(q, k, v, log_fgate, seq_start, sm_scale):
     pos_q = torch.arange(Tq, device=q.device) + (Tk - Tq)
     pos_k = torch.arange(Tk, device=q.device)
     allowed = pos_k[None, :] <= pos_q[:, None]
+    if window_size is not None:
+        allowed = allowed & (pos_k[None, :] > pos_q[:, None] - window_size)
     allowed = allowed[None].expand(B, Tq, Tk)
     if seq_start is not None:
         allowed = allowed & (pos_k[None, None, :] >= seq_start.to(q.device)[:, None, None])
@@ -79,24 +81,28 @@ def forgetting_attention_ref(
     seq_start: torch.Tensor | None = None,
     sm_scale: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    window_size: int | None = None,
 ) -> torch.Tensor:
     """Reference Forgetting Attention. Same interface as ``fox_kernel.forgetting_attention``.
 
-    q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D); log_fgate: (B, Tk, H); (T and H swapped with head_first).
-    Differentiable through plain autograd.
+    q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D); log_fgate: (B, Tk, H) or None (no forget gate: plain softmax
+    attention); (T and H swapped with head_first). ``window_size`` W: query i sees keys j with
+    i - W < j <= i (positions in k). Differentiable through plain autograd.
     """
     if head_first:
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        log_fgate = log_fgate.transpose(1, 2)
+        log_fgate = None if log_fgate is None else log_fgate.transpose(1, 2)
     if sm_scale is None:
         sm_scale = q.shape[-1] ** -0.5
+    if log_fgate is None:
+        log_fgate = q.new_zeros(k.shape[0], k.shape[1], q.shape[2], dtype=torch.float32)
     if cu_seqlens is not None:
         bounds = cu_seqlens.tolist()
         pieces = [
-            _attend(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale)
+            _attend(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale, window_size)
             for s, e in zip(bounds[:-1], bounds[1:])
         ]
         out = torch.cat(pieces, dim=1)
     else:
-        out = _attend(q, k, v, log_fgate, seq_start, sm_scale)
+        out = _attend(q, k, v, log_fgate, seq_start, sm_scale, window_size)
     return out.transpose(1, 2) if head_first else out

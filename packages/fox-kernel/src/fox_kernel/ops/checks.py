@@ -113,3 +113,14 @@ def check_no_zero_gates(name: str, log_gates: torch.Tensor, why: str) -> None:
         b, t, h = (int(i) for i in zero.nonzero()[0])
         raise ValueError(f"{name} must not hold -inf (a gate of exactly 0), got -inf at (b, t, h) = ({b}, {t}, {h}): "
                          f"{why}")
+
+
+def check_window_size(window_size, t_k: int) -> int:
+    """The sliding window as the kernels take it: 0 for none (None, or a window covering every key)."""
+    if window_size is None:
+        return 0
+    if isinstance(window_size, bool) or not isinstance(window_size, int):
+        raise TypeError(f"window_size must be None or an int >= 1, got {window_size!r}")
+    if window_size < 1:
+        raise ValueError(f"window_size must be >= 1 (1: each query sees only its own key), got {window_size}")
+    return 0 if window_size >= t_k else window_size

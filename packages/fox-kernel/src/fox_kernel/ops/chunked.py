@@ -40,18 +40,28 @@ def _chunk_rows(B, H, Tq, Tk):
     return max(16, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * Tk)))
 
 
-def _scores(qc, kh, c, zeros, pos_q, kend, seq_start, sm_scale, threshold):
-    """Masked logits for one query chunk at key positions ``pos_q`` over keys [0, kend): (B, H, C, K).
+def _key_span(pos_q, window):
+    """Keys [kstart, kend) that the queries at positions ``pos_q`` may see (causal, within the window)."""
+    kend = int(pos_q[-1]) + 1
+    kstart = 0 if window is None else max(0, int(pos_q[0]) - window + 1)
+    return kstart, kend
+
+
+def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshold, window):
+    """Masked logits for one query chunk at key positions ``pos_q`` over keys [kstart, kend): (B, H, C, K).
 
     ``c``, ``zeros`` (B, H, Tk): finite prefix sums and counts of zero gates (``finite_prefix_sums``), so a
     gate of exactly 0 masks the keys before it exactly. With a pruning threshold, every score whose decay
     bias ``c_i - c_j`` is below it is dropped (the kernels drop whole blocks only when the test holds for
     every pair in the block).
     """
-    bias = decay_bias(c[..., pos_q], zeros[..., pos_q], c[..., :kend], zeros[..., :kend])
+    bias = decay_bias(c[..., pos_q], zeros[..., pos_q], c[..., kstart:kend], zeros[..., kstart:kend])
     s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale + bias
-    pos_k = torch.arange(kh.shape[2], device=kh.device)
-    allowed = (pos_k[None, :] <= pos_q[:, None])[None, None]
+    pos_k = torch.arange(kstart, kend, device=kh.device)
+    allowed = pos_k[None, :] <= pos_q[:, None]
+    if window is not None:
+        allowed = allowed & (pos_k[None, :] > pos_q[:, None] - window)
+    allowed = allowed[None, None]
     if seq_start is not None:
         allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
     if threshold is not None:
@@ -59,7 +69,7 @@ def _scores(qc, kh, c, zeros, pos_q, kend, seq_start, sm_scale, threshold):
     return s.masked_fill(~allowed, float("-inf"))
 
 
-def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold):
+def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window):
     B, Tq, H, D = q.shape
     Tk, group = k.shape[1], H // k.shape[2]
     acc = _acc_dtype(q)
@@ -73,17 +83,18 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold):
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
-        kend = int(pos_q[-1]) + 1
-        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c, zeros, pos_q, kend, seq_start, sm_scale, threshold)
+        ks, ke = _key_span(pos_q, window)
+        s = _scores(qh[:, :, start:end], kh[:, :, ks:ke], c, zeros, pos_q, ks, ke, seq_start, sm_scale, threshold,
+                    window)
         m = torch.logsumexp(s, dim=-1)
         m = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m)
         p = torch.exp(s - m[..., None])
-        out[:, :, start:end] = torch.matmul(p, vh[:, :, :kend])
+        out[:, :, start:end] = torch.matmul(p, vh[:, :, ks:ke])
         lse[:, :, start:end] = m.float()
     return out.permute(0, 2, 1, 3).to(q.dtype), lse
 
 
-def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold):
+def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold, window):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     group = H // Hkv
@@ -103,17 +114,18 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
-        kend = int(pos_q[-1]) + 1
-        s = _scores(qh[:, :, start:end], kh[:, :, :kend], c, zeros, pos_q, kend, seq_start, sm_scale, threshold)
+        ks, ke = _key_span(pos_q, window)
+        s = _scores(qh[:, :, start:end], kh[:, :, ks:ke], c, zeros, pos_q, ks, ke, seq_start, sm_scale, threshold,
+                    window)
         p = torch.exp(s - lse[:, :, start:end, None])
         do_c = doh[:, :, start:end]
-        dv[:, :, :kend] += torch.matmul(p.transpose(-1, -2), do_c)
-        dp = torch.matmul(do_c, vh[:, :, :kend].transpose(-1, -2))
+        dv[:, :, ks:ke] += torch.matmul(p.transpose(-1, -2), do_c)
+        dp = torch.matmul(do_c, vh[:, :, ks:ke].transpose(-1, -2))
         ds = p * (dp - delta[:, :, start:end, None])
-        dq[:, :, start:end] = torch.matmul(ds, kh[:, :, :kend]) * sm_scale
-        dk[:, :, :kend] += torch.matmul(ds.transpose(-1, -2), qh[:, :, start:end]) * sm_scale
+        dq[:, :, start:end] = torch.matmul(ds, kh[:, :, ks:ke]) * sm_scale
+        dk[:, :, ks:ke] += torch.matmul(ds.transpose(-1, -2), qh[:, :, start:end]) * sm_scale
         # d score_ij / d c_i = 1 and / d c_j = -1.
-        dc[:, :, :kend] -= ds.sum(dim=-2)
+        dc[:, :, ks:ke] -= ds.sum(dim=-2)
         dc[:, :, pos_q] += ds.sum(dim=-1)
     dg = gate_grad_from_dc(dc, seq_start, None)  # log f_t enters every c_u with u >= t
     dk = dk.view(B, Hkv, group, Tk, D).sum(2)
@@ -126,25 +138,27 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
     )
 
 
-def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None):
-    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32). threshold: (B or N, H) or None."""
+def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None, window=None):
+    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32). threshold: (B or N, H) or None; window: the
+    sliding window W (query i sees keys i - W < j <= i) or None."""
     if cu_seqlens is None:
-        return _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold)
+        return _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window)
     parts = [
-        _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale, _row(threshold, n))
+        _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale, _row(threshold, n), window)
         for n, (s, e) in enumerate(_sequences(cu_seqlens, q.shape[1]))
     ]
     return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=2)
 
 
-def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold=None):
+def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold=None,
+                     window=None):
     """Returns (dq, dk, dv, dlog_fgate) in the dtypes of q, k, v, log_fgate."""
     if cu_seqlens is None:
-        return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold)
+        return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold, window)
     parts = [
         _dense_bwd(
             do[:, s:e], q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], out[:, s:e], lse[:, :, s:e],
-            None, sm_scale, _row(threshold, n),
+            None, sm_scale, _row(threshold, n), window,
         )
         for n, (s, e) in enumerate(_sequences(cu_seqlens, q.shape[1]))
     ]

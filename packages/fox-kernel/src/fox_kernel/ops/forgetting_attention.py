@@ -38,19 +38,20 @@ def _fwd_op(
     sm_scale: float,
     threshold: torch.Tensor | None,
     auto_log_eps: float | None,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, auto bound): with ``auto_log_eps`` the per-head "auto" bound (rows, H) for the
     backward (the Triton forward prunes each query tile by its own rows' norms); otherwise an empty
-    tensor (the backward takes ``threshold`` from the inputs)."""
+    tensor (the backward takes ``threshold`` from the inputs). ``window``: the sliding window, 0 for none."""
     if _use_triton(q):
         from fox_kernel.ops.triton_attention import triton_forward
 
         out, lse, threshold = triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold,
-                                             auto_log_eps)
+                                             auto_log_eps, window)
     else:
         if auto_log_eps is not None:
             threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
-        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold)
+        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window or None)
         out = out.contiguous()
     if auto_log_eps is None:  # not an input as it is, nor None: a custom op may return neither
         threshold = q.new_empty(0, dtype=torch.float32)
@@ -58,7 +59,7 @@ def _fwd_op(
 
 
 @_fwd_op.register_fake
-def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps):
+def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window=0):
     B, Tq, H, _ = q.shape
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     bound = q.new_empty((rows, H) if auto_log_eps is not None else (0,), dtype=torch.float32)
@@ -78,34 +79,39 @@ def _bwd_op(
     cu_seqlens: torch.Tensor | None,
     sm_scale: float,
     threshold: torch.Tensor | None,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     if _use_triton(q):
         from fox_kernel.ops.triton_attention import triton_backward
 
-        grads = triton_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold)
+        grads = triton_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold,
+                                window)
     else:
-        grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold)
+        grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold,
+                                 window or None)
     return tuple(g.contiguous() for g in grads)
 
 
 @_bwd_op.register_fake
-def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold):
+def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window=0):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), log_fgate.new_empty(log_fgate.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps = inputs
+    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, *window = inputs
     out, lse, auto_bound = output
     if auto_log_eps is not None:
         threshold = auto_bound
     ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold)
     ctx.sm_scale = sm_scale
+    ctx.window = window[0] if window else 0
 
 
 def _backward(ctx, dout, _dlse, _dbound):
     q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
-    dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold)
-    return dq, dk, dv, dg, None, None, None, None, None
+    dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold,
+                             ctx.window)
+    return dq, dk, dv, dg, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
@@ -185,6 +191,7 @@ def forgetting_attention(
     sm_scale: float | None = None,
     adaptive_threshold=None,
     cu_seqlens: torch.Tensor | None = None,
+    window_size: int | None = None,
 ) -> torch.Tensor:
     """Causal softmax attention with a per-head forget gate (Forgetting Attention).
 
@@ -205,6 +212,10 @@ def forgetting_attention(
             query norms, which is at least as tight, and the backward per head). A tensor's values are
             checked on the CPU only (reading a CUDA tensor would wait for the GPU).
         cu_seqlens: (N + 1,) int32 cumulative lengths of sequences packed into batch 1.
+        window_size: sliding window W >= 1: the query at key position i sees only keys j with
+            i - W < j <= i (flash-linear-attention's convention; W = 1 is the token itself). None, or
+            W >= Tk, is full causal attention. Key tiles wholly outside the window are never read, so the
+            cost grows with T * W. With log gates of 0 it is plain sliding-window attention.
 
     Returns:
         Tensor shaped like q.
@@ -251,6 +262,7 @@ def forgetting_attention(
         seq_start = seq_start.to(torch.int32).contiguous()
     if _use_triton(q) and checks.values_checkable(log_fgate):
         _refuse_zero_gates(log_fgate, seq_start)
+    window = checks.check_window_size(window_size, Tk)
     if sm_scale is None:
         sm_scale = D**-0.5
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
@@ -259,5 +271,5 @@ def forgetting_attention(
         auto_log_eps = AUTO_LOG_EPS  # taken inside the forward (no separate pass over q and k)
     elif adaptive_threshold is not None:
         threshold = _threshold_tensor(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
-    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps)
+    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window)
     return out.transpose(1, 2) if head_first else out

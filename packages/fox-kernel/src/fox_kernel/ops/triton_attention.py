@@ -215,31 +215,56 @@ def _block_and_head(HEADS_FIRST: tl.constexpr, REVERSE: tl.constexpr):
 
 
 @triton.jit
-def _key_range(first, s0, t_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _key_range(first, s0, t_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Key blocks of the query tile whose first row sits at key position ``first``: [lo, mid) fully
-    visible, [mid, hi) on the diagonal."""
+    visible (with a window: [lo, _window_split) partly outside it), [mid, hi) on the diagonal."""
     lo = (s0 // BLOCK_N) * BLOCK_N
     mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
     hi = tl.minimum(first + BLOCK_M, t_k)
+    if HAS_WINDOW:  # the first key any row of the tile sees is first - window + 1
+        lo = tl.minimum(tl.maximum((tl.maximum(first - window + 1, 0) // BLOCK_N) * BLOCK_N, lo), mid)
     return lo, mid, hi
 
 
 @triton.jit
-def _query_range(pid_n, shift, s0, t_q, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Query blocks that see part of key block ``pid_n`` (diagonal, [m_lo, m_mid)) then all of it."""
-    m_lo = (tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
-    m_mid = tl.minimum(tl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
-    m_mid = tl.maximum(m_mid, m_lo)
-    if (pid_n + 1) * BLOCK_N <= s0:  # every key here is padding
-        m_lo = t_q
-        m_mid = t_q
-    return m_lo, m_mid
+def _window_split(lo, mid, first, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """First key block of [lo, mid) that every row of the query tile starting at ``first`` sees whole:
+    keys from ``first + BLOCK_M - window`` on lie inside every row's window."""
+    split = tl.cdiv(tl.maximum(first + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N
+    return tl.minimum(tl.maximum(split, lo), mid)
 
 
 @triton.jit
-def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT, stride_cb, stride_ch, H, Tq, Tk,
+def _query_range(pid_n, shift, s0, t_q, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_WINDOW: tl.constexpr):
+    """Query blocks that see part of key block ``pid_n`` (diagonal, [m_lo, m_mid)) then all of it, up to
+    m_hi (t_q; with a window, the end of the queries whose window reaches the block's last key)."""
+    m_lo = (tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
+    m_mid = tl.minimum(tl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
+    m_mid = tl.maximum(m_mid, m_lo)
+    m_hi = t_q
+    if HAS_WINDOW:  # the last query that sees key j sits at key position j + window - 1
+        m_hi = tl.minimum(tl.cdiv(tl.maximum((pid_n + 1) * BLOCK_N + window - 1 - shift, 0), BLOCK_M) * BLOCK_M, t_q)
+    if (pid_n + 1) * BLOCK_N <= s0:  # every key here is padding
+        m_lo = t_q
+        m_mid = t_q
+    return m_lo, m_mid, m_hi
+
+
+@triton.jit
+def _query_window_split(pid_n, shift, window, m_mid, m_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """End of the query blocks in [m_mid, m_hi) whose windows hold all of key block ``pid_n``: a block
+    starting at m does when its last row, at key position m + BLOCK_M - 1 + shift, is before the block's
+    first key + window."""
+    split = (tl.maximum(pid_n * BLOCK_N + window - shift, 0) // BLOCK_M) * BLOCK_M
+    return tl.maximum(tl.minimum(split, m_hi), m_mid)
+
+
+@triton.jit
+def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT, stride_cb, stride_ch, H, Tq, Tk, WINDOW,
                        KEYS_OF_QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr):
+                       IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr,
+                       HAS_WINDOW: tl.constexpr):
     """Pruned ranges for the backward passes, one int per (row, head, block), found once up front so
     the dQ and dK/dV kernels only load them (searching inside them cost registers and time).
 
@@ -257,13 +282,13 @@ def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT, stride_cb, stride_ch, H, T
     if KEYS_OF_QUERIES:
         if pid * BLOCK_M < t_q:
             first = pid * BLOCK_M + shift
-            lo, mid, hi = _key_range(first, s0, t_k, BLOCK_M, BLOCK_N)
+            lo, mid, hi = _key_range(first, s0, t_k, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
             tl.store(out_ptr, _first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, BLOCK_N, SCAN))
     else:
         if pid * BLOCK_N < t_k:
-            m_lo, m_mid = _query_range(pid, shift, s0, t_q, BLOCK_M, BLOCK_N)
+            m_lo, m_mid, m_hi = _query_range(pid, shift, s0, t_q, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
             c_bottom = tl.load(c_ptr + tl.minimum(pid * BLOCK_N + BLOCK_N, t_k) - 1)
-            tl.store(out_ptr, _last_kept_query_block(c_ptr, c_bottom, delta, shift, m_mid, t_q, BLOCK_M, SCAN))
+            tl.store(out_ptr, _last_kept_query_block(c_ptr, c_bottom, delta, shift, m_mid, m_hi, BLOCK_M, SCAN))
 
 
 @triton.jit
@@ -296,7 +321,7 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, bound,
                CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
                USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr,
-               ROWS: tl.constexpr, rowwise):
+               ROWS: tl.constexpr, rowwise, window, WINDOWED: tl.constexpr):
     """One key block of the softmax; FIXED: ``bound`` bounds every exponent of the tile and is
     subtracted with the column term, so there is no row maximum and no rescaling; with ``rowwise``
     (ROWS 1: always, ROWS 2: a run-time choice per tile) each row subtracts its own bound ``m_i``."""
@@ -316,6 +341,8 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
                 s = s - m_i[:, None]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
+    if WINDOWED:
+        s = tl.where(kn[None, :] > pos_m[:, None] - window, s, float("-inf"))
     if HAS_SEQ_START:
         s = tl.where(kn[None, :] >= s0, s, float("-inf"))
     if FIXED:
@@ -356,11 +383,12 @@ def _fixed_bound(q_sq, c_q2, mask_m, kmax2, sm_scale2, GAP: tl.constexpr):
 
 
 @triton.jit
-def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, mid, hi, bound, row_bound, rowwise,
-               stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
+def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, split, mid, hi, bound, row_bound,
+               rowwise, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, window,
                HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr,
-               ROWS: tl.constexpr):
+               ROWS: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """[mid, hi) diagonal, [split, mid) whole, [lo, split) at the window's edge (split = lo without a window)."""
     if FIXED:
         # the bound each row's weights are measured from (it enters the log-sum-exp)
         if ROWS == 1:
@@ -381,13 +409,20 @@ def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, mid
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
                                    row, bos, hk, bound, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise)
-    for jj in range(0, (mid - lo) // BLOCK_N):
+                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, window, HAS_WINDOW)
+    for jj in range(0, (mid - split) // BLOCK_N):
         start_n = mid - BLOCK_N - jj * BLOCK_N
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
                                    row, bos, hk, bound, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise)
+                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, window, False)
+    if HAS_WINDOW:
+        for jj in range(0, (split - lo) // BLOCK_N):
+            start_n = split - BLOCK_N - jj * BLOCK_N
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
+                                       start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
+                                       row, bos, hk, bound, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                       BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, window, True)
     return acc, l_i, m_i
 
 
@@ -399,12 +434,12 @@ def _fwd_kernel(
     stride_vb, stride_vt, stride_vh,
     stride_ob, stride_ot, stride_oh,
     stride_cb, stride_ch, stride_lb, stride_lh,
-    H, Tq, Tk, D, sm_scale2,
+    H, Tq, Tk, D, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
     HEADS_FIRST: tl.constexpr, MODE: tl.constexpr, GAP: tl.constexpr, ROWS: tl.constexpr,
-    AUTO: tl.constexpr, LOG_EPS: tl.constexpr,
+    AUTO: tl.constexpr, LOG_EPS: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """MODE 0: every query tile with the online softmax. MODE 1: the tiles whose fixed bound is usable
     (the others are marked in ONLINE), MODE 2: the marked tiles, online (one kernel holding both
@@ -442,7 +477,7 @@ def _fwd_kernel(
     c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
     c_q2 = (c_q - anchor).to(tl.float32) * 1.4426950408889634
 
-    lo, mid, hi = _key_range(first, s0, t_k, BLOCK_M, BLOCK_N)
+    lo, mid, hi = _key_range(first, s0, t_k, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
     q_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     kmax2 = 0.0
     if MODE == 1 or AUTO:
@@ -458,6 +493,9 @@ def _fwd_kernel(
         else:
             delta = tl.load(THRESH + b * H + h)
         lo = _first_kept_key_block(c_ptr, anchor, delta, lo, mid, BLOCK_N, SCAN)
+    split = lo
+    if HAS_WINDOW:
+        split = _window_split(lo, mid, first, WINDOW, BLOCK_M, BLOCK_N)
 
     cl_ptr = CL + row * stride_cb + h * stride_ch + bos
     bound = 0.0
@@ -475,10 +513,10 @@ def _fwd_kernel(
         tl.store(ONLINE + tile, tl.where(usable, 0, 1).to(tl.int8))
         if not usable:
             return
-    acc, l_i, m_i = _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, mid, hi, bound,
+    acc, l_i, m_i = _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, split, mid, hi, bound,
                                row_bound, rowwise, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
-                               row.to(tl.int32), bos, hk, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                               BLOCK_M, BLOCK_N, BLOCK_D, MODE == 1, ROWS)
+                               row.to(tl.int32), bos, hk, WINDOW, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                               BLOCK_M, BLOCK_N, BLOCK_D, MODE == 1, ROWS, HAS_WINDOW)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -600,9 +638,10 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stri
 @triton.jit
 def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor, offs_n,
                 s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d, q_desc, do_desc, row, bos, h,
-                dq_ptr, dcrow_ptr, dq_desc, stride_qad, offs_d,
+                dq_ptr, dcrow_ptr, dq_desc, stride_qad, offs_d, window,
                 BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr,
-                PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_D: tl.constexpr, FUSED_DQ: tl.constexpr):
+                PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_D: tl.constexpr, FUSED_DQ: tl.constexpr,
+                WINDOWED: tl.constexpr):
     offs_m = start_m + tl.arange(0, BLOCK_M)
     mask_m = offs_m < t_q
     if USE_TMA:
@@ -620,6 +659,8 @@ def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_p
     s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2 - c_k2[:, None]
     if CAUSAL:
         s_t = tl.where(offs_n[:, None] <= pos_m[None, :], s_t, float("-inf"))
+    if WINDOWED:
+        s_t = tl.where(offs_n[:, None] > pos_m[None, :] - window, s_t, float("-inf"))
     if HAS_SEQ_START:
         s_t = tl.where(offs_n[:, None] >= s0, s_t, float("-inf"))
     p_t = tl.math.exp2(s_t - lse2[None, :])
@@ -673,11 +714,11 @@ def _dkdv_kernel(
     stride_dkb, stride_dkt, stride_dkh,
     stride_dvb, stride_dvt, stride_dvh,
     stride_cb, stride_ch, stride_lb, stride_lh, stride_qab, stride_qah, stride_qad,
-    H, HKV, Tq, Tk, D, sm_scale, sm_scale2,
+    H, HKV, Tq, Tk, D, sm_scale, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, FUSED_DQ: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, FUSED_DQ: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """dK, dV and the column term of dc per key block; with FUSED_DQ also dQ and the row term of dc,
     added in with atomics (one pass instead of two, not bit-reproducible)."""
@@ -699,7 +740,7 @@ def _dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    m_lo, m_mid = _query_range(pid_n, shift, s0, t_q, BLOCK_M, BLOCK_N)
+    m_lo, m_mid, m_end = _query_range(pid_n, shift, s0, t_q, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + row * stride_cb + h * stride_ch + bos
@@ -713,22 +754,34 @@ def _dkdv_kernel(
         delta_ptr = DELTA + row * stride_lb + h * stride_lh + bos
         dq_ptr = DQ_ACC + row * stride_qab + h * stride_qah + bos
         dcrow_ptr = DC_ROW + row * stride_lb + h * stride_lh + bos
-        m_hi = t_q
+        m_hi = m_end
         if HAS_THRESH:
             m_hi = tl.load(RANGE + (b * H + h).to(tl.int64) * n_blk + pid_n)
+        m_diag = m_mid
+        m_split = m_hi
+        if HAS_WINDOW:  # a narrow window can end inside the diagonal blocks
+            m_diag = tl.minimum(m_mid, m_hi)
+            m_split = _query_window_split(pid_n, shift, WINDOW, m_diag, m_hi, BLOCK_M, BLOCK_N)
         dc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start_m in range(m_lo, m_mid, BLOCK_M):
+        for start_m in range(m_lo, m_diag, BLOCK_M):
             dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
                                      A_DESC, B_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
-                                     stride_qad, offs_d, BLOCK_M, True, HAS_SEQ_START, PRECISION, USE_TMA,
-                                     BLOCK_D, FUSED_DQ)
-        for start_m in range(m_mid, m_hi, BLOCK_M):
+                                     stride_qad, offs_d, WINDOW, BLOCK_M, True, HAS_SEQ_START, PRECISION, USE_TMA,
+                                     BLOCK_D, FUSED_DQ, HAS_WINDOW)
+        for start_m in range(m_diag, m_split, BLOCK_M):
             dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
                                      A_DESC, B_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
-                                     stride_qad, offs_d, BLOCK_M, False, HAS_SEQ_START, PRECISION, USE_TMA,
-                                     BLOCK_D, FUSED_DQ)
+                                     stride_qad, offs_d, WINDOW, BLOCK_M, False, HAS_SEQ_START, PRECISION, USE_TMA,
+                                     BLOCK_D, FUSED_DQ, False)
+        if HAS_WINDOW:
+            for start_m in range(m_split, m_hi, BLOCK_M):
+                dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr,
+                                         anchor, offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2,
+                                         mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
+                                         stride_qad, offs_d, WINDOW, BLOCK_M, False, HAS_SEQ_START, PRECISION,
+                                         USE_TMA, BLOCK_D, FUSED_DQ, True)
         tl.store(DC + row * stride_cb + h * stride_ch + bos + offs_n, dc, mask=mask_n)
     dk_ptrs = DK + row * stride_dkb + hk * stride_dkh + rows_n * stride_dkt + offs_d[None, :]
     dv_ptrs = DV + row * stride_dvb + hk * stride_dvh + rows_n * stride_dvt + offs_d[None, :]
@@ -738,9 +791,9 @@ def _dkdv_kernel(
 
 @triton.jit
 def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
-              stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk,
+              stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, window,
               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-              USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+              USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOWED: tl.constexpr):
     kn = start_n + offs_n
     mask_n = kn < t_k
     k, v = _kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
@@ -749,6 +802,8 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anc
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
+    if WINDOWED:
+        s = tl.where(kn[None, :] > pos_m[:, None] - window, s, float("-inf"))
     if HAS_SEQ_START:
         s = tl.where(kn[None, :] >= s0, s, float("-inf"))
     p = tl.math.exp2(s - lse2[:, None])
@@ -767,11 +822,11 @@ def _dq_kernel(
     stride_dob, stride_dot, stride_doh,
     stride_dqb, stride_dqt, stride_dqh,
     stride_cb, stride_ch, stride_lb, stride_lh,
-    H, Tq, Tk, D, sm_scale, sm_scale2,
+    H, Tq, Tk, D, sm_scale, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     pid_m, pid_bh, n_blk = _block_and_head(HEADS_FIRST, True)
     b = pid_bh // H
@@ -803,23 +858,32 @@ def _dq_kernel(
     # the row term of the bias folded into the log-sum-exp (a vector op instead of a tile op per block)
     lse2 -= (c_q - anchor).to(tl.float32) * 1.4426950408889634
 
-    lo, mid, hi = _key_range(first, s0, t_k, BLOCK_M, BLOCK_N)
+    lo, mid, hi = _key_range(first, s0, t_k, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
     if HAS_THRESH:
         # written as a multiple of BLOCK_N so the compiler keeps the key loads aligned (vectorised)
         lo = (tl.load(RANGE + pid_bh.to(tl.int64) * n_blk + pid_m) // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dc_row = tl.zeros([BLOCK_M], dtype=tl.float32)
+    split = lo
+    if HAS_WINDOW:
+        split = _window_split(lo, mid, first, WINDOW, BLOCK_M, BLOCK_N)
+        for jj in range(0, (split - lo) // BLOCK_N):
+            start_n = lo + jj * BLOCK_N
+            dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0,
+                                   t_k, start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC,
+                                   row.to(tl.int32), bos, hk, WINDOW, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                                   BLOCK_N, BLOCK_D, True)
     # counted from 0 rather than ranging from lo: with lo loaded (pruning) the range form made this
     # pass 30-40% slower on an H200 (same results); the counted loop runs as fast as lo = 0
-    for jj in range(0, (mid - lo) // BLOCK_N):
-        start_n = lo + jj * BLOCK_N
+    for jj in range(0, (mid - split) // BLOCK_N):
+        start_n = split + jj * BLOCK_N
         dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
-                               False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
+                               WINDOW, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D, False)
     for start_n in range(mid, hi, BLOCK_N):
         dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, A_DESC, B_DESC, row.to(tl.int32), bos, hk,
-                               True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D)
+                               WINDOW, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D, HAS_WINDOW)
     dq_ptrs = DQ + row * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
     tl.store(DC_ROW + row * stride_lb + h * stride_lh + bos + offs_m, dc_row, mask=mask_m)
@@ -983,10 +1047,11 @@ def fixed_bound_rows(head_dim: int) -> int:
     return int(env)
 
 
-def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps=None):
+def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps=None, window=0):
     """(out, lse, threshold): with ``auto_log_eps`` the pruning bound is taken per query tile from the
     tile's own query norms (see _fwd_kernel) and the returned (rows, H) threshold is the per-head
-    "auto" bound for the backward; otherwise ``threshold`` is returned as given."""
+    "auto" bound for the backward; otherwise ``threshold`` is returned as given. ``window``: the sliding
+    window (0: none), run by the Triton kernels only."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     c = triton_prefix_sums(log_fgate, seq_start)
@@ -996,7 +1061,7 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
     # fox-train/benchmarks/forward-ab-h100-s16-125m.json).
     fixed = fixed_bound_softmax(q.dtype)
     long_ok = fixed and threshold is None and auto_log_eps is None
-    if use_gluon_forward(q, k, seq_start, cu_seqlens, long_ok):
+    if not window and use_gluon_forward(q, k, seq_start, cu_seqlens, long_ok):
         return _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed)
     auto = auto_log_eps is not None
     kmax2 = key_sq_norms(k, cu_seqlens) if fixed or auto else None
@@ -1015,8 +1080,8 @@ def triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshol
             out, lse, k_desc, v_desc, kmax2, online,
             *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(out),
             c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-            H, Tq, Tk, D, sm_scale * LOG2E)
-    flags = dict(GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
+            H, Tq, Tk, D, sm_scale * LOG2E, window)
+    flags = dict(HAS_WINDOW=window > 0, GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
                  HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D, PRECISION=_precision(q.dtype),
                  USE_TMA=use_tma, SCAN=_scan(), HEADS_FIRST=heads_first, GAP=FIXED_BOUND_GAP,
                  ROWS=fixed_bound_rows(D), AUTO=auto, LOG_EPS=float(auto_log_eps or 0.0), **cfg)
@@ -1045,15 +1110,16 @@ def _gluon_forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed):
     return out, lse, threshold
 
 
-def _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, keys_of_queries):
+def _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, keys_of_queries, window=0):
     if threshold is None:
         return None
     n_blocks = triton.cdiv(t_max, cfg["BLOCK_M"] if keys_of_queries else cfg["BLOCK_N"])
     out = torch.empty(n_rows * H, n_blocks, dtype=torch.int32, device=c.device)
     _kept_range_kernel[(n_rows * H, n_blocks)](
-        c, seq_start, cu_seqlens, threshold, out, c.stride(0), c.stride(1), H, Tq, Tk,
+        c, seq_start, cu_seqlens, threshold, out, c.stride(0), c.stride(1), H, Tq, Tk, window,
         KEYS_OF_QUERIES=keys_of_queries, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=_scan(), num_warps=1,
+        IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=_scan(),
+        HAS_WINDOW=window > 0, num_warps=1,
     )
     return out
 
@@ -1078,7 +1144,7 @@ def fused_backward() -> bool:
     return mode == "fused" and not torch.are_deterministic_algorithms_enabled()
 
 
-def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold):
+def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window=0):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     if do.stride(-1) != 1:
@@ -1092,7 +1158,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    gluon = use_gluon(q, seq_start, cu_seqlens)
+    gluon = not window and use_gluon(q, seq_start, cu_seqlens)
     # the Gluon one-pass backward holds float32 dQ tiles in shared memory: D=64 only
     fused = fused_backward() and (not gluon or D in GLUON_ONE_PASS_DIMS)
     # the column term of dc: the Gluon dK/dV pass writes every key's, the Triton passes may skip some
@@ -1101,6 +1167,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
     flags = dict(
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
         HAS_THRESH=threshold is not None, EVEN_D=max(16, triton.next_power_of_2(D)) == D, PRECISION=_precision(q.dtype),
+        HAS_WINDOW=window > 0,
     )
     use_tma = cu_seqlens is None and _use_tma(q, k, v, do)
     flags.update(USE_TMA=use_tma, SCAN=_scan())
@@ -1128,7 +1195,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
                    dq if fused else None, dc_row if fused else None)
     else:
         _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
-                   cfg, flags, use_tma, fused, n_rows, t_max, sm_scale)
+                   cfg, flags, use_tma, fused, n_rows, t_max, sm_scale, window)
     if triton_fused:
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
     elif fused:
@@ -1140,7 +1207,7 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
         gluon_dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges)
     else:
         _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, use_tma, flags,
-                 n_rows, t_max, sm_scale)
+                 n_rows, t_max, sm_scale, window)
     # The row term of dc (d score_ij / d c_i = 1) vanishes in exact arithmetic but cancels the rounding
     # of delta (computed from the stored, rounded output); without it that error piles up in the suffix sums.
     if cu_seqlens is None:
@@ -1150,12 +1217,12 @@ def triton_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_
 
 
 def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq_acc, dc_row, dq_desc,
-               cfg, flags, use_tma, fused, n_rows, t_max, sm_scale):
+               cfg, flags, use_tma, fused, n_rows, t_max, sm_scale, window):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     q_desc, do_desc = _descriptors((q, do), cfg["BLOCK_M"], cfg, use_tma)
     # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
-    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False)
+    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False, window)
     clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
     grid, heads_first = _grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), D, H // Hkv)
     _kernel(_dkdv_kernel, Tq, Tk)[grid](
@@ -1163,21 +1230,22 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
         dq_acc, dc_row, dq_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dk), *_strides3(dv),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), *_strides3(dq_acc),
-        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, FUSED_DQ=fused, **flags, **cfg,
+        H, Hkv, Tq, Tk, D, sm_scale, sm_scale * LOG2E, window, HEADS_FIRST=heads_first, FUSED_DQ=fused, **flags,
+        **cfg,
     )
 
 
 def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, use_tma, flags, n_rows,
-             t_max, sm_scale):
+             t_max, sm_scale, window):
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
     cfg = _config("dq", D, q.dtype, q.device)
     k_desc, v_desc = _descriptors((k, v), cfg["BLOCK_N"], cfg, use_tma)
-    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True)
+    ranges = _kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
     grid, heads_first = _grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]))
     _kernel(_dq_kernel, Tq, Tk)[grid](
         q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,
         *_strides3(q), *_strides3(k), *_strides3(v), *_strides3(do), *_strides3(dq),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, HEADS_FIRST=heads_first, **flags, **cfg,
+        H, Tq, Tk, D, sm_scale, sm_scale * LOG2E, window, HEADS_FIRST=heads_first, **flags, **cfg,
     )

@@ -56,10 +56,10 @@ def _decode_kernel(
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_cb, stride_ct,
-    B, HKV, TQ, Q0, ROWS, D, sm_scale2,
+    B, HKV, TQ, Q0, ROWS, D, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr, HAS_THRESH: tl.constexpr,
-    SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr,
+    SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -88,6 +88,8 @@ def _decode_kernel(
     # tiles whose decay puts every served row's weight under the bound (never read). The live range is
     # then split evenly, so pruning shortens every slice instead of idling the first ones.
     lo = (s0 // BLOCK_N) * BLOCK_N
+    if HAS_WINDOW:  # the earliest served row, at length - TQ + Q0, sees keys from there - WINDOW + 1
+        lo = tl.maximum(lo, (tl.maximum(length - TQ + Q0 - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N)
     if HAS_THRESH:
         delta = tl.load(THRESH + b * H + h, mask=valid, other=0.0)
         go = lo < length
@@ -121,6 +123,8 @@ def _decode_kernel(
                       mask=valid[:, None] & mask_n[None, :], other=0.0)
         s += (c_q[:, None] - c_k) * 1.4426950408889634
         keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
+        if HAS_WINDOW:
+            keep = keep & (kn[None, :] > pos[:, None] - WINDOW)
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
@@ -172,7 +176,7 @@ def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
 
 
 def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None,
-                  threshold=None):
+                  threshold=None, window=0):
     """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
     With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...)."""
     B, Tq, H, D = q.shape
@@ -197,8 +201,8 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
             page_size, threshold, H,
             q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
-            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E,
-            GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
+            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, window,
+            HAS_WINDOW=window > 0, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
             PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=_scan(),
             TILE_IN_PAGE=page_size % block_n == 0,
             PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
