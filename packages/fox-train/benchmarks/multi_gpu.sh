@@ -10,7 +10,8 @@
 # "gpu1 ddp2 fsdp2". RESUME=0 skips the resumed runs.
 # Usage: [PYTHON=python3] [RUNS="gpu1 ddp2 fsdp2"] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides,
 #        e.g. strategy.fsdp_param_dtype=float32]
-# The paper's batch (0.5M tokens a step, 16k context; session 9: DDP 1.98x, FSDP with SHARD_GRAD_OP 1.94x):
+# The paper's batch (0.5M tokens a step, 16k context; on 2 x H200 DDP 1.99x, FSDP with SHARD_GRAD_OP 1.94x,
+# docs/performance.md):
 #   RESUME=0 RUNS="gpu1 ddp2 fsdp2_grad" bash packages/fox-train/benchmarks/multi_gpu.sh OUT compile=true \
 #     data.seq_len=16384 global_batch_tokens=524288 micro_batch_size=1 schedule.total_tokens=5242880 \
 #     schedule.warmup_tokens=1048576 log_every=1 checkpoint_every=1000 eval_sequences=4

@@ -1,7 +1,7 @@
 """Token files are checked whole, once, before training: integer ids in [0, vocab_size), one clear line.
 
-Each bad case here used to pass silently (a float .npy trained on zeros; ids past the first 2^20 tokens
-crashed at a later step with an IndexError).
+Without the check a float .npy would train on zeros, and an id out of range anywhere in the file would
+crash a later step with an IndexError.
 """
 
 import numpy as np
