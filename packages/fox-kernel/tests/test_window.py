@@ -30,6 +30,11 @@ def _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
 
 
 def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", inputs=None, **kw):
+    """Outputs and gradients against float64, within what the same-precision reference misses. For 16-bit
+    types also two units in the last place at the result's largest value: with a window of 1 every
+    weight is exactly 1 in the reference (no error at all), while the kernels' backward recomputes it
+    from the stored log-sum-exp as 1 +- 2^-8, one bfloat16 step."""
+    floor = 2.0**-7 if dtype in (torch.bfloat16, torch.float16) else 2e-6
     q, k, v, lf = inputs if inputs is not None else _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed)
     out = forgetting_attention(q, k, v, lf, **kw)
     ref_kw = {key: val for key, val in kw.items() if key != "adaptive_threshold"}
@@ -37,13 +42,13 @@ def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", inputs=None, **kw)
     same_in = [x.detach().clone().requires_grad_() for x in (q, k, v, lf)]
     exact = forgetting_attention_ref(*exact_in, **ref_kw)
     same = forgetting_attention_ref(*same_in, **ref_kw)
-    assert_close_to_reference(out, exact, same, name="out")
+    assert_close_to_reference(out, exact, same, name="out", rtol_floor=floor)
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
     grads = torch.autograd.grad(out, (q, k, v, lf), do)
     exact_grads = torch.autograd.grad(exact, exact_in, do.double())
     same_grads = torch.autograd.grad(same, same_in, do)
     for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), grads, exact_grads, same_grads):
-        assert_close_to_reference(a, e, s, name=name, factor=3.0)
+        assert_close_to_reference(a, e, s, name=name, factor=3.0, rtol_floor=floor)
     return out
 
 
