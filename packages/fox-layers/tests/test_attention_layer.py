@@ -20,6 +20,9 @@ VARIANTS = {
     "full_bias_init_silu": dict(num_heads=4, fgate_bias_init=True, decay_time_min=2.0, decay_time_max=64.0,
                                 use_output_gate=True, ogate_act="silu", use_rope=True),
     "shared_qk_norm": dict(num_heads=4, qk_norm=True, qk_norm_share_param_across_head=True),
+    "pro_window": dict(num_heads=4, num_kv_heads=2, qk_norm=True, use_output_gate=True, use_output_norm=True,
+                       use_k_shift=True, use_v_shift=True, window_size=6),
+    "swa_rope_nogate": dict(num_heads=4, fgate_type="none", use_rope=True, window_size=5),
 }
 
 
@@ -319,3 +322,22 @@ def test_gpu_fp32_and_bf16_autocast(variant, mode):
     out64, _ = _layer(variant).double()(x64)
     (dx64,) = torch.autograd.grad(out64, x64, g.double().cpu())
     _close(dx.float().cpu(), dx64, tol * 3)
+
+
+@pytest.mark.parametrize("variant", ["pro_window", "swa_rope_nogate"])
+def test_window_matches_the_explicit_attention_weights(variant):
+    """The windowed kernel path against the layer's materialised softmax (``output_attentions``), whose
+    weights must vanish outside the band i - W < j <= i and sum to 1 inside it."""
+    layer = _layer(variant)
+    x = _x(2, 29)
+    out, _ = layer(x)
+    explicit, _, weights = layer(x, output_attentions=True)
+    _close(out, explicit)
+    W = layer.window_size
+    i = torch.arange(29)[:, None]
+    j = torch.arange(29)[None, :]
+    assert weights[..., ~((j <= i) & (j > i - W))].abs().max() == 0
+    torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+    wide = _layer(variant)
+    wide.window_size = None
+    assert (wide(x)[0] - out).abs().max() > 1e-3  # the window changes the function

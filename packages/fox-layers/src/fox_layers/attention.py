@@ -183,6 +183,7 @@ class ForgettingAttentionLayer(nn.Module):
         rope_base: float = 500000.0,
         log_pruning_tolerance: float | None = None,
         attention_bias: bool = False,
+        window_size: int | None = None,
     ):
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
@@ -192,6 +193,9 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         if fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
+        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
+                                        or window_size < 1):
+            raise ValueError(f"window_size must be None or an int >= 1, got {window_size!r}")
         if ogate_act not in ("sigmoid", "silu"):
             raise ValueError(f"ogate_act must be 'sigmoid' or 'silu', got {ogate_act!r}")
         self.hidden_size = hidden_size
@@ -209,6 +213,8 @@ class ForgettingAttentionLayer(nn.Module):
         self.use_rope = use_rope
         self.rope_base = rope_base
         self.log_pruning_tolerance = log_pruning_tolerance
+        self.window_size = window_size
+        """Sliding window: each query sees its ``window_size`` most recent keys (itself included); None: all."""
         self.recompute_projections = False
         """Training memory: keep only the layer's input and the attention's q/k/v/output for the backward,
         and recompute the projections, token shift, QK-norm and the output norm/gate/projection there."""
@@ -418,12 +424,13 @@ class ForgettingAttentionLayer(nn.Module):
         if state is None or past == 0:
             o = forgetting_attention(
                 q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
-                adaptive_threshold=self.pruning_threshold(T),
+                adaptive_threshold=self.pruning_threshold(T), window_size=self.window_size,
             )
         if state is not None:
             state.append(k, v, log_fgate, k_shift, v_shift)
             if past > 0:
-                o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start)
+                o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start,
+                                                      window_size=self.window_size)
         o = o.reshape(B, T, self.hidden_size).to(dtype)
         if recompute:  # the gate logits and the normalised, gated output are not kept
             return checkpoint(self._output, o, x, use_reentrant=False), state
@@ -443,7 +450,10 @@ class ForgettingAttentionLayer(nn.Module):
         scores = scores + (c[..., Tk - Tq:, None] - c[..., None, :]).to(acc)
         kpos = torch.arange(Tk, device=q.device)
         qpos = kpos[Tk - Tq:]
-        allowed = (kpos[None, :] <= qpos[:, None])[None]  # (1, Tq, Tk)
+        allowed = kpos[None, :] <= qpos[:, None]
+        if self.window_size is not None:
+            allowed = allowed & (kpos[None, :] > qpos[:, None] - self.window_size)
+        allowed = allowed[None]  # (1, Tq, Tk)
         if seq_start is not None:
             allowed = allowed & (kpos[None, None, :] >= seq_start.to(q.device)[:, None, None])
         if cu_seqlens is not None:
