@@ -1,6 +1,7 @@
 """A run folder owns its config and checkpoints; nothing in a checkpoint file runs; SIGTERM and Ctrl-C save a
 checkpoint and stop in one line; bad values and unwritable folders are one-line errors."""
 
+import hashlib
 import json
 import os
 import signal
@@ -174,19 +175,23 @@ def test_a_failed_save_leaves_no_temporary_files(tmp_path, monkeypatch):
     assert not any(root.iterdir())
 
 
+def _file_hashes(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def test_resume_keeps_the_run_config_and_refuses_conflicting_overrides(tmp_path):
+    """A refused call changes no file of the run folder, Hydra's record (.hydra/) included."""
     args = [f"out_dir={tmp_path}", "run_name=r", "schedule.total_tokens=1024", "checkpoint_every=2", "export=false",
             *SMALL]
     main(args)
     run = tmp_path / "r"
-    config = (run / "config.yaml").read_bytes()
-    saved = {p.name: (p / "state.pt").read_bytes() for p in ckpt.complete_checkpoints(run / "checkpoints")}
-    assert sorted(saved) == ["step-00000002", "step-00000004"]
+    before = _file_hashes(run)
+    assert {".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "config.yaml"} <= before.keys()
+    assert sorted(p.name for p in ckpt.complete_checkpoints(run / "checkpoints")) == ["step-00000002", "step-00000004"]
 
     def unchanged():
-        assert (run / "config.yaml").read_bytes() == config
-        now = {p.name: (p / "state.pt").read_bytes() for p in ckpt.complete_checkpoints(run / "checkpoints")}
-        assert now == saved
+        assert _file_hashes(run) == before
 
     with pytest.raises(SystemExit) as e:
         main([*args, "resume=true", "model.hidden_size=128", "optimizer.lr=1e-3"])
@@ -199,7 +204,10 @@ def test_resume_keeps_the_run_config_and_refuses_conflicting_overrides(tmp_path)
     unchanged()
     with pytest.raises(SystemExit, match=r"^fox-train: .*r already holds checkpoints \(newest step-00000004\): "
                                          r"resume=true continues"):
-        main(args)
+        main([*args, "optimizer.lr=1e-3"])
+    unchanged()
+    with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1"):
+        main([f"out_dir={tmp_path}", "run_name=r", "resume=true", "log_every=0"])
     unchanged()
     # the run's own config, whatever the defaults: a finished run stays finished
     main([f"out_dir={tmp_path}", "run_name=r", "resume=true"])
@@ -208,6 +216,7 @@ def test_resume_keeps_the_run_config_and_refuses_conflicting_overrides(tmp_path)
     # the documented way to go on: a RESUMABLE key
     main([f"out_dir={tmp_path}", "run_name=r", "resume=true", "schedule.total_tokens=1536"])
     assert _losses(run).keys() == {1, 2, 3, 4, 5, 6}
+    assert "schedule.total_tokens=1536" in OmegaConf.load(run / ".hydra" / "overrides.yaml")  # an accepted call's record
     _csv_steps_are_unique(run)
     assert OmegaConf.load(run / "config.yaml").schedule.total_tokens == 1536
     assert [p.name for p in ckpt.complete_checkpoints(run / "checkpoints")] == ["step-00000006", "step-00000004"]

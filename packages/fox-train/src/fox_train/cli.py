@@ -30,6 +30,7 @@ from fox_train.config import (
     DataConfig,
     ModelConfig,
     TrainConfig,
+    check,
     leaves,
     load_config,
     register,
@@ -107,13 +108,30 @@ def _resumed(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
                           _command_line_keys(cfg))
 
 
+def _save_hydra_record(task_cfg: DictConfig, run_dir: Path) -> None:
+    """``run_dir/.hydra/{config,hydra,overrides}.yaml``, the files Hydra writes with its default
+    ``hydra.output_subdir``. conf/config.yaml sets that to null and a job writes them once its call is
+    accepted, so a refused call (a conflicting override with resume=true, a run that holds checkpoints)
+    leaves the run folder as it was. Processes that Fabric starts for other local ranks write nothing."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    record = run_dir / ".hydra"
+    record.mkdir(exist_ok=True)
+    hydra_cfg = HydraConfig.instance().cfg
+    for name, node in (("config.yaml", task_cfg), ("hydra.yaml", hydra_cfg),
+                       ("overrides.yaml", hydra_cfg.hydra.overrides.task)):
+        (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+
+
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _app(dict_cfg: DictConfig) -> str:
     """One job: train in the run directory Hydra made for it (hydra.run.dir, or a sweep job's directory)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from fox_train.train import Interrupted, train
+    from fox_train.train import Interrupted, claim_run_dir, train
 
     cfg = _train_config(dict_cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -125,6 +143,9 @@ def _app(dict_cfg: DictConfig) -> str:
     try:
         if cfg.resume:
             cfg = _resumed(cfg, run_dir)
+        check(cfg)
+        claim_run_dir(cfg, run_dir)
+        _save_hydra_record(dict_cfg, run_dir)
         done = train(cfg)
     except (OSError, ValueError, ImportError) as e:  # OSError: a missing file, a full or read-only disk
         if HydraConfig.get().mode == RunMode.MULTIRUN:
