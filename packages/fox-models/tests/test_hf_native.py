@@ -27,7 +27,7 @@ def export(model, path):
     return path
 
 
-@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama"])
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama", "mamba2"])
 def test_folder_loads_with_trust_remote_code_and_no_import(tmp_path, family):
     d = export(tiny_model(family), tmp_path / "m")
     config = json.loads((d / "config.json").read_text())
@@ -49,7 +49,7 @@ print(json.dumps({{"model": type(m).__module__, "tok": type(tok).__name__, "ids"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert got["model"] == "fox_models.modeling" and got["tok"] == "JSONGPT2Tokenizer"
+    assert got["model"] == f"fox_models.{family.split('-')[0]}.modeling" and got["tok"] == "JSONGPT2Tokenizer"
     assert got["ids"] == fox_models.JSONGPT2Tokenizer()("a\tb")["input_ids"]  # the JSON-escaped ids, BOS first
     torch.testing.assert_close(torch.tensor(got["logits"]), expected)
     assert got["gen"].startswith("static int") and len(got["gen"]) > len("static int")

@@ -19,7 +19,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import forgetting_attention
-from fox_models.presets import SIZES
+from fox_models.fox import SIZES
 
 
 def gpu_ms(fn, iters: int) -> float:

@@ -25,7 +25,8 @@ import triton
 from transformers import AutoModelForCausalLM
 
 import fox_models  # noqa: F401
-from fox_models.presets import SIZES, get_preset
+from fox_models.fox import SIZES
+from fox_models.presets import get_preset
 from fox_train.metrics import flops_per_token, peak_flops
 from fox_train.train import CUDA_GRAPH_MODES, compile_blocks
 

@@ -1,42 +1,26 @@
 """fox-models: Hugging Face models of the Forgetting Transformer and its baselines.
 
-Importing this package registers the configs, models and tokenizer with the transformers Auto classes.
+One folder a model family (``fox``, ``transformer``, ``mamba2``, ``hgrn2``, ``delta_net``), one list of
+them (``fox_models.registry``). Importing this package registers the configs, models and tokenizer with
+the transformers Auto classes.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-from fox_models.baselines import (
-    DeltaNetConfig,
-    DeltaNetForCausalLM,
-    DeltaNetModel,
-    HGRN2Config,
-    HGRN2ForCausalLM,
-    HGRN2Model,
-)
 from fox_models.cache import FoxCache
-from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
-from fox_models.mamba2 import Mamba2Config, Mamba2ForCausalLM, Mamba2Model
-from fox_models.modeling import (
+from fox_models.delta_net import DeltaNetConfig, DeltaNetForCausalLM, DeltaNetModel
+from fox_models.fox import (
+    ForgettingTransformerConfig,
     ForgettingTransformerForCausalLM,
     ForgettingTransformerModel,
-    TransformerForCausalLM,
-    TransformerModel,
 )
+from fox_models.hgrn2 import HGRN2Config, HGRN2ForCausalLM, HGRN2Model
+from fox_models.mamba2 import Mamba2Config, Mamba2ForCausalLM, Mamba2Model
+from fox_models.registry import register_auto_classes
 from fox_models.tokenizer import JSONGPT2Tokenizer, gpt2_tokenizer
+from fox_models.transformer import TransformerConfig, TransformerForCausalLM, TransformerModel
 
 __version__ = "0.1.0"
 
-for _config, _model, _lm in (
-    (ForgettingTransformerConfig, ForgettingTransformerModel, ForgettingTransformerForCausalLM),
-    (TransformerConfig, TransformerModel, TransformerForCausalLM),
-    (HGRN2Config, HGRN2Model, HGRN2ForCausalLM),
-    (DeltaNetConfig, DeltaNetModel, DeltaNetForCausalLM),
-    (Mamba2Config, Mamba2Model, Mamba2ForCausalLM),
-):
-    AutoConfig.register(_config.model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _model, exist_ok=True)
-    AutoModelForCausalLM.register(_config, _lm, exist_ok=True)
-    AutoTokenizer.register(_config, fast_tokenizer_class=JSONGPT2Tokenizer, exist_ok=True)
+register_auto_classes()
 
 __all__ = [
     "DeltaNetConfig",

@@ -14,17 +14,17 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
+from fox_models.registry import model_entry
+
 MODULE = "fox_remote"
 
 
 def auto_map(config) -> dict[str, str]:
-    """config.json's auto_map: each config class ``<Name>Config`` has ``<Name>Model`` and ``<Name>ForCausalLM``."""
-    name = type(config).__name__
-    if not name.endswith("Config"):
-        raise ValueError(f"{name} is not a fox_models config class")
-    stem = name[: -len("Config")]
-    return {"AutoConfig": f"{MODULE}.{name}", "AutoModel": f"{MODULE}.{stem}Model",
-            "AutoModelForCausalLM": f"{MODULE}.{stem}ForCausalLM"}
+    """config.json's auto_map: the config, backbone and causal-LM classes of the config's registry entry."""
+    entry = model_entry(config)
+    return {"AutoConfig": f"{MODULE}.{entry.config_class.__name__}",
+            "AutoModel": f"{MODULE}.{entry.model_class.__name__}",
+            "AutoModelForCausalLM": f"{MODULE}.{entry.lm_class.__name__}"}
 
 
 def write_remote_module(directory) -> None:

@@ -145,7 +145,7 @@ def _fsdp_strategy(s, precision: str):
     from lightning.fabric.strategies import FSDPStrategy
     from torch.distributed.fsdp import MixedPrecision
 
-    from fox_models.modeling import FoxBlock
+    from fox_models.fox import FoxBlock
 
     _check_param_dtype(s)
     if s.fsdp_sharding not in FSDP_SHARDING:

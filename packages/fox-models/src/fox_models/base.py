@@ -1,4 +1,7 @@
-"""Hugging Face models of FoX and the Transformer baseline (published checkpoint layout, FOX.md section 4)."""
+"""What every model of the package shares: the pre-trained model and causal-LM classes (HF ``PreTrainedModel``)
+that embed the tokens, run ``layers`` of blocks with or without a cache, apply the final norm, score the
+loss and plug into ``generate()``; each family (``fox_models.fox``, ``fox_models.mamba2``...) subclasses
+them with its config, blocks and backbone."""
 
 from __future__ import annotations
 
@@ -7,58 +10,15 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, SwiGLUMLP
+from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm
 from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import GenerationMixin
-from fox_models.configuration import ForgettingTransformerConfig, TransformerConfig
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
-
-
-class TransformerAttention(ForgettingAttentionLayer):
-    """Plain RoPE attention. Without padding, packing or a cache it runs SDPA (cuDNN/flash on GPU);
-    otherwise the FoX kernel with gates of 1, which is the same function."""
-
-    # One matmul per projection: with RoPE and SDPA, the fused q/k/v matmul was slower (the RoPE backward
-    # writes its gradients transposed into the shared buffer): 125M, 16k, compiled, H200, 66.5 ms a step
-    # with separate projections against 67.7-68.2 ms fused.
-    fuse_input_projections = False
-
-    def forward(self, hidden_states, *, seq_start=None, cu_seqlens=None, state=None, output_attentions=False):
-        if seq_start is not None or cu_seqlens is not None or state is not None or output_attentions:
-            return super().forward(hidden_states, seq_start=seq_start, cu_seqlens=cu_seqlens, state=state,
-                                   output_attentions=output_attentions)
-        B, T, _ = hidden_states.shape
-        q, k, v, _, _, _ = self.project(hidden_states)
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-            enable_gqa=self.num_kv_heads != self.num_heads,
-        ).transpose(1, 2)
-        return self.o_proj(o.reshape(B, T, self.hidden_size)), None
-
-
-class FoxBlock(nn.Module):
-    """Pre-norm block: x + attn(attn_norm(x)), then + mlp(mlp_norm(x))."""
-
-    def __init__(self, config, attention_cls):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.attn = attention_cls(config.hidden_size, **config.attention_kwargs())
-        self.mlp_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = SwiGLUMLP(config.hidden_size, config.hidden_ratio, config.intermediate_size)
-
-    def forward(self, x, seq_start=None, cu_seqlens=None, state=None, output_attentions=False):
-        """-> x, or (x, attention weights (B, H, T, T_keys)) with ``output_attentions``."""
-        a, _, *weights = self.attn(self.attn_norm(x), seq_start=seq_start, cu_seqlens=cu_seqlens, state=state,
-                                   output_attentions=output_attentions)
-        x = x + a
-        x = x + self.mlp(self.mlp_norm(x))
-        return (x, weights[0]) if output_attentions else x
 
 
 def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -93,7 +53,7 @@ def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | N
 class _FoxPreTrainedBase(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["FoxBlock"]
+    _no_split_modules = ["FoxBlock"]  # FoX's and the Transformer's; the recurrent families name theirs
     _supports_sdpa = True
 
     def get_input_embeddings(self):  # backbones; the LM classes override both
@@ -194,53 +154,14 @@ class _FoxPreTrainedBase(PreTrainedModel):
             module.reset_fgate_bias(copy_=init.copy_)
 
 
-class _FoxBackbone(_FoxPreTrainedBase):
-    attention_cls = ForgettingAttentionLayer
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([FoxBlock(config, self.attention_cls) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def new_cache(self):
-        return FoxCache(len(self.layers))
-
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        past_key_values: FoxCache | None = None,
-        inputs_embeds=None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        cu_seqlens=None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ):
-        """``output_attentions=True``: every layer's attention weights (B, H, T, T_keys), computed explicitly
-        (float32 softmax of s q.k + c_i - c_j with the causal and padding masks; slow, O(T^2) memory)."""
-        x, cache, _, seq_start, use_cache, output_hidden_states = self._start(
-            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
-        if output_attentions is None:
-            output_attentions = self.config.output_attentions
-        x, hidden, weights = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, cu_seqlens),
-                                              output_attentions)
-        out = self._finish(x, hidden, cache, use_cache, weights)
-        return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
-        return out if return_dict else out.to_tuple()
-
-
 class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
-    backbone_cls = _FoxBackbone
+    backbone_cls: type[_FoxPreTrainedBase]  # the family's backbone (AutoModel) class
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}  # with config.tie_word_embeddings only
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = self.backbone_cls(config)
+        # the backbone lives under base_model_prefix: ``model``, or the name a family's checkpoints use
+        setattr(self, self.base_model_prefix, self.backbone_cls(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
@@ -379,24 +300,3 @@ def _qk_norm_is_shared(path, config, kwargs) -> bool:
     return list(shape) == [config.hidden_size // config.num_heads]
 
 
-class ForgettingTransformerPreTrainedModel(_FoxPreTrainedBase):
-    config_class = ForgettingTransformerConfig
-
-
-class ForgettingTransformerModel(_FoxBackbone):
-    config_class = ForgettingTransformerConfig
-
-
-class ForgettingTransformerForCausalLM(_FoxForCausalLMBase):
-    config_class = ForgettingTransformerConfig
-    backbone_cls = ForgettingTransformerModel
-
-
-class TransformerModel(_FoxBackbone):
-    config_class = TransformerConfig
-    attention_cls = TransformerAttention
-
-
-class TransformerForCausalLM(_FoxForCausalLMBase):
-    config_class = TransformerConfig
-    backbone_cls = TransformerModel

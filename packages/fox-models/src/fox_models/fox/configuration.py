@@ -1,4 +1,4 @@
-"""Configs in the published format (FOX.md section 4): field names and defaults as released."""
+"""The FoX config in the published format (FOX.md section 4), and its named configs (FOX.md section 5)."""
 
 from __future__ import annotations
 
@@ -120,17 +120,31 @@ class ForgettingTransformerConfig(_DecoderConfig):
         )
 
 
-class TransformerConfig(_DecoderConfig):
-    """Transformer (LLaMA): RoPE attention through SDPA, SwiGLU MLP, RMSNorm."""
+# The paper's sizes, as in the official LongCrawl64 experiment configs (``configs/experiment/longcrawl64/**``
+# of the reference repository): size -> (hidden, layers, FoX heads); FoX uses head dim 64 at every size.
+SIZES = {"125m": (768, 12, 12), "360m": (1024, 24, 16), "760m": (1536, 24, 24)}
+# The Transformers use head dim 64 at 125M/360M (as FoX) and 128 at 760M (12 heads).
+TRANSFORMER_HEADS = {"125m": 12, "360m": 16, "760m": 12}
 
-    model_type = "transformer-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+PRO = dict(qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True,
+           hidden_ratio=3.5)
 
-    def __init__(self, **kwargs):  # transformers 5 needs each config class to define its own __init__
-        super().__init__(**kwargs)
 
-    def attention_kwargs(self) -> dict:
-        return dict(
-            num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, fgate_type="none", use_rope=True,
-            rope_base=self.rope_base, attention_bias=self.attention_bias,
-        )
+def size_fields(size: str, num_heads: int) -> dict:
+    """The fields every FoX-layout preset of ``size`` sets."""
+    hidden, layers, _ = SIZES[size]
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_heads=num_heads, max_position_embeddings=16384)
+
+
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary). Transformer (Pro) is FoX (Pro) without
+# forget gate and with RoPE: a FoX config.
+PRESETS = {
+    **{f"fox-pro-{size}": dict(size_fields(size, heads), **PRO) for size, (_, _, heads) in SIZES.items()},
+    **{f"fox-llama-{size}": dict(size_fields(size, heads), hidden_ratio=4) for size, (_, _, heads) in SIZES.items()},
+    **{f"transformer-pro-{size}": dict(size_fields(size, TRANSFORMER_HEADS[size]), **PRO, fgate_type="none",
+                                       use_rope=True) for size in SIZES},
+}
+TINY = {
+    "fox-pro-tiny": dict(PRESETS["fox-pro-125m"], hidden_size=128, num_hidden_layers=2, num_heads=4),
+    "fox-llama-tiny": dict(PRESETS["fox-llama-125m"], hidden_size=128, num_hidden_layers=2, num_heads=4),
+}

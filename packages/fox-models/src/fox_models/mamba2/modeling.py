@@ -1,12 +1,4 @@
-"""Mamba-2 baseline in the released layout (``mamba2-project_fox``, Hugging Face Mamba-2 names).
-
-``backbone.embeddings``, ``backbone.layers.{i}.norm`` + ``.mixer`` (``in_proj``, ``conv1d`` with bias,
-``dt_bias``, ``A_log``, ``D``, gated ``norm``, ``out_proj``), ``backbone.norm_f``, ``lm_head``. Per head h
-with state (head_dim x state_size): ``S_t = exp(dt_t A_h) S_{t-1} + dt_t x_t B_t^T``,
-``y_t = S_t C_t + D_h x_t``, ``dt = softplus(W_dt x + dt_bias)``, ``A = -exp(A_log)``; the output is
-``RMSNorm(y * silu(z))`` (normalised after the gate, per group). The scan is gated linear attention with
-a per-head scalar decay (fox_models.recurrent_ops: flash-linear-attention on CUDA when installed).
-"""
+"""Mamba-2's mixer, block and models."""
 
 from __future__ import annotations
 
@@ -15,90 +7,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 
 from fox_layers import RMSNorm
-from fox_models.baselines import RecurrentState, _RecurrentBackbone, _RecurrentInit
-from fox_models.compat import ConfigBase
-from fox_models.modeling import _FoxForCausalLMBase, _FoxPreTrainedBase
+from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
+from fox_models.mamba2.configuration import Mamba2Config
+from fox_models.recurrent import RecurrentState, _RecurrentBackbone, _RecurrentInit
 from fox_models.recurrent_ops import gated_linear_attention, short_conv
-
-
-class Mamba2Config(ConfigBase):
-    """Mamba-2 (Dao & Gu 2024), field names and defaults as in the released configs."""
-
-    model_type = "mamba2-project_fox"
-
-    def __init__(
-        self,
-        num_heads: int = 64,
-        head_dim: int = 64,
-        vocab_size: int = 32000,
-        hidden_size: int = 2048,
-        state_size: int = 64,
-        num_hidden_layers: int = 48,
-        layer_norm_epsilon: float = 1e-5,
-        pad_token_id: int = 0,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
-        expand: int = 2,
-        conv_kernel: int = 4,
-        n_groups: int = 8,
-        use_bias: bool = False,
-        use_conv_bias: bool = True,
-        hidden_act: str = "silu",
-        initializer_range: float = 0.1,
-        residual_in_fp32: bool = True,
-        time_step_rank="auto",
-        time_step_min: float = 0.001,
-        time_step_max: float = 0.1,
-        time_step_floor: float = 1e-4,
-        time_step_limit=(0.0, float("inf")),
-        rescale_prenorm_residual: bool = True,
-        use_cache: bool = True,
-        rms_norm: bool = True,
-        chunk_size: int = 256,
-        fuse_cross_entropy: bool = True,
-        tie_word_embeddings: bool = False,
-        **kwargs,
-    ):
-        if num_heads * head_dim != expand * hidden_size:
-            raise ValueError(f"num_heads * head_dim must equal expand * hidden_size, got {num_heads} * {head_dim} "
-                             f"!= {expand} * {hidden_size}")
-        if num_heads % n_groups:
-            raise ValueError(f"num_heads {num_heads} must be divisible by n_groups {n_groups}")
-        if hidden_act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act must be 'silu', got {hidden_act!r}")
-        if not rms_norm:
-            raise ValueError("rms_norm=False is not supported (the released Mamba-2 uses the gated RMSNorm)")
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.state_size = state_size
-        self.num_hidden_layers = num_hidden_layers
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.conv_kernel = conv_kernel
-        self.expand = expand
-        self.use_bias = use_bias
-        self.use_conv_bias = use_conv_bias
-        self.hidden_act = hidden_act
-        self.initializer_range = initializer_range
-        self.time_step_rank = math.ceil(hidden_size / 16) if time_step_rank == "auto" else time_step_rank
-        self.time_step_min = time_step_min
-        self.time_step_max = time_step_max
-        self.time_step_floor = time_step_floor
-        self.time_step_limit = tuple(time_step_limit)
-        self.rescale_prenorm_residual = rescale_prenorm_residual
-        self.residual_in_fp32 = residual_in_fp32
-        self.use_cache = use_cache
-        self.n_groups = n_groups
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.rms_norm = rms_norm
-        self.chunk_size = chunk_size
-        self.fuse_cross_entropy = fuse_cross_entropy
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
 class GatedRMSNorm(nn.Module):
@@ -225,7 +140,7 @@ class Mamba2Model(_Mamba2Init, _RecurrentBackbone):
     base_model_prefix = "backbone"
 
     def __init__(self, config: Mamba2Config):
-        PreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([Mamba2Block(config) for _ in range(config.num_hidden_layers)])
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
@@ -242,12 +157,7 @@ class Mamba2ForCausalLM(_Mamba2Init, _FoxForCausalLMBase):
     config_class = Mamba2Config
     base_model_prefix = "backbone"
     _tied_weights_keys = {"lm_head.weight": "backbone.embeddings.weight"}  # with config.tie_word_embeddings only
-
-    def __init__(self, config: Mamba2Config):
-        PreTrainedModel.__init__(self, config)
-        self.backbone = Mamba2Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.post_init()
+    backbone_cls = Mamba2Model
 
     @property
     def model(self):

@@ -1,0 +1,71 @@
+"""The DeltaNet config, field names and defaults as released, and its named configs."""
+
+from __future__ import annotations
+
+from fox_models.recurrent import SIZES, _RecurrentConfig, size_fields
+
+
+class DeltaNetConfig(_RecurrentConfig):
+    """DeltaNet (Schlag et al. 2021; Yang et al. 2024): the delta rule with short convolutions."""
+
+    model_type = "delta_net-project_fox"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 2048,
+        expand_k: float = 1,
+        expand_v: float = 1,
+        use_gate: bool = False,
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        use_beta: bool = True,
+        use_output_norm: bool = True,
+        hidden_ratio: float = 4,
+        intermediate_size: int | None = None,
+        num_hidden_layers: int = 24,
+        num_heads: int = 16,
+        attn_mode: str = "chunk",
+        qk_norm: str = "l2",
+        qk_activation: str = "silu",
+        hidden_act: str = "swish",
+        max_position_embeddings: int = 2048,
+        norm_first: bool = False,
+        norm_eps: float = 1e-6,
+        use_cache: bool = True,
+        pad_token_id: int | None = None,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        tie_word_embeddings: bool = False,
+        initializer_range: float = 0.02,
+        fuse_cross_entropy: bool = True,
+        elementwise_affine: bool = True,
+        **kwargs,
+    ):
+        unsupported = dict(use_gate=(use_gate, False), norm_first=(norm_first, False), qk_norm=(qk_norm, "l2"),
+                           qk_activation=(qk_activation, "silu"), use_short_conv=(use_short_conv, True))
+        for name, (got, want) in unsupported.items():
+            if got != want:
+                raise ValueError(f"{name}={got!r} is not supported (the paper's DeltaNet uses {want!r})")
+        self._common(vocab_size, hidden_size, num_hidden_layers, hidden_ratio, intermediate_size, hidden_act,
+                     max_position_embeddings, elementwise_affine, norm_eps, use_cache, initializer_range,
+                     fuse_cross_entropy, attn_mode)
+        self.expand_k = expand_k
+        self.expand_v = expand_v
+        self.use_gate = use_gate
+        self.use_short_conv = use_short_conv
+        self.conv_size = conv_size
+        self.use_beta = use_beta
+        self.use_output_norm = use_output_norm
+        self.num_heads = num_heads
+        self.qk_norm = qk_norm
+        self.qk_activation = qk_activation
+        self.norm_first = norm_first
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): short convolutions of 4
+PRESETS = {f"delta_net-{size}": dict(size_fields(size), conv_size=4) for size in SIZES}
+TINY = {"delta_net-tiny": dict(PRESETS["delta_net-760m"], hidden_size=128, num_hidden_layers=2, num_heads=2)}
