@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import fox_models  # noqa: F401  (registers the model types)
+from fox_models.fox import FoxBlock
+from fox_models.presets import TINY_PRESETS
 from fox_train import checkpoint as ckpt
 from fox_train.cli import main
 from fox_train.data import Sampler
@@ -22,6 +24,12 @@ from fox_train.train import export_checkpoint
 
 SMALL = ["model.hidden_size=64", "model.num_hidden_layers=2", "model.num_heads=2", "data.seq_len=64", "micro_batch_size=4",
          "global_batch_tokens=256", "schedule.warmup_tokens=512", "eval_sequences=4"]
+
+
+def _fsdp(strategy, precision):
+    from fox_train.train import _fsdp_strategy
+
+    return _fsdp_strategy(strategy, precision, (FoxBlock,))
 
 
 def _records(run_dir):
@@ -53,27 +61,40 @@ def test_fsdp_mixed_precision_policies():
     """FSDP under bf16-mixed: Fabric's bf16 policy by default; fsdp_param_dtype=float32 gathers float32
     parameters and reduces in float32 (DDP's numerics); a bad dtype is named."""
     from fox_train.config import StrategyConfig
-    from fox_train.train import _fsdp_strategy
 
-    assert _fsdp_strategy(StrategyConfig(name="fsdp"), "bf16-mixed").mixed_precision is None  # Fabric's policy
-    assert _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="float32"), "32-true").mixed_precision is None
-    mp = _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="float32"), "bf16-mixed").mixed_precision_config
+    assert _fsdp(StrategyConfig(name="fsdp"), "bf16-mixed").mixed_precision is None  # Fabric's policy
+    assert _fsdp(StrategyConfig(name="fsdp", fsdp_param_dtype="float32"), "32-true").mixed_precision is None
+    mp = _fsdp(StrategyConfig(name="fsdp", fsdp_param_dtype="float32"), "bf16-mixed").mixed_precision_config
     assert (mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype) == (torch.float32,) * 3
     with pytest.raises(ValueError, match="strategy.fsdp_param_dtype must be"):
-        _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_param_dtype="fp8"), "bf16-mixed")
+        _fsdp(StrategyConfig(name="fsdp", fsdp_param_dtype="fp8"), "bf16-mixed")
 
 
 def test_fsdp_sharding_strategy():
     from torch.distributed.fsdp import ShardingStrategy
 
     from fox_train.config import StrategyConfig
-    from fox_train.train import _fsdp_strategy
 
-    assert _fsdp_strategy(StrategyConfig(name="fsdp"), "bf16-mixed").sharding_strategy == ShardingStrategy.FULL_SHARD
-    st = _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_sharding="SHARD_GRAD_OP"), "bf16-mixed")
+    assert _fsdp(StrategyConfig(name="fsdp"), "bf16-mixed").sharding_strategy == ShardingStrategy.FULL_SHARD
+    st = _fsdp(StrategyConfig(name="fsdp", fsdp_sharding="SHARD_GRAD_OP"), "bf16-mixed")
     assert st.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
     with pytest.raises(ValueError, match="strategy.fsdp_sharding must be one of"):
-        _fsdp_strategy(StrategyConfig(name="fsdp", fsdp_sharding="ZERO3"), "bf16-mixed")
+        _fsdp(StrategyConfig(name="fsdp", fsdp_sharding="ZERO3"), "bf16-mixed")
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_fsdp_wraps_the_blocks_of_every_model(preset):
+    """A run's FSDP strategy wraps each block of its model, as the model's registry entry names them."""
+    from fox_models.registry import model_entry
+    from fox_train.config import ModelConfig, StrategyConfig, model_config, preset_fields
+    from fox_train.train import _fsdp_strategy
+
+    config = model_config(ModelConfig(preset=preset, **preset_fields(preset)))
+    strategy = _fsdp_strategy(StrategyConfig(name="fsdp"), "32-true", model_entry(config).blocks)
+    policy = strategy._fsdp_kwargs["auto_wrap_policy"]
+    model = AutoModelForCausalLM.from_config(config)
+    wrapped = [m for m in model.modules() if isinstance(m, tuple(policy._module_classes))]
+    assert wrapped == list(model.model.layers)
 
 
 def test_fsdp2_options_are_checked(tmp_path):

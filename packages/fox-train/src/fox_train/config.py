@@ -16,7 +16,7 @@ from typing import Any, get_args, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from fox_models.presets import PRESETS, get_preset
+from fox_models.presets import PRESETS, TINY_PRESETS, get_preset
 
 
 @dataclass
@@ -208,17 +208,6 @@ class TrainConfig:
     """Write the Hugging Face model directory (hf/) at the end."""
 
 
-TINY = {
-    "fox-pro-tiny": ("fox-pro-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4)),
-    "fox-llama-tiny": ("fox-llama-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4)),
-    "transformer-llama-tiny": ("transformer-llama-125m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2)),
-    # the recurrent baselines (a PyTorch recurrence on the CPU: slow, for smoke runs)
-    "mamba2-tiny": ("mamba2-760m", dict(hidden_size=128, num_hidden_layers=2, num_heads=4, head_dim=64, state_size=16)),
-    "hgrn2-tiny": ("hgrn2-760m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2, expand_ratio=64)),
-    "delta_net-tiny": ("delta_net-760m", dict(hidden_size=128, num_hidden_layers=2, num_heads=2)),
-}
-
-
 # Models of the official configs that fox-models does not have yet: their fields, so the experiments
 # compose and print; training them stops with a message naming the missing piece. SAMBA: Mamba (v1)
 # layers (state 16, expand 2, MLP ratio 3) on the even layers and sliding-window attention layers (MLP
@@ -233,8 +222,7 @@ def preset_fields(name: str) -> dict[str, Any]:
     """The ModelConfig fields of a preset, as ``model=NAME`` fills them in."""
     if name in PENDING and name not in PRESETS:
         return dict(PENDING[name][0])
-    base, extra = TINY.get(name, (name, {}))
-    config = get_preset(base, **extra)
+    config = get_preset(name)
     hints = get_type_hints(ModelConfig)
     found = {}
     for k in MODEL_FIELDS:
@@ -251,7 +239,7 @@ def preset_fields(name: str) -> dict[str, Any]:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for name in (*PRESETS, *TINY, *PENDING):
+    for name in (*PRESETS, *TINY_PRESETS, *PENDING):
         cs.store(group="model", name=name, node=ModelConfig(preset=name, **preset_fields(name)))
     for name in ("bundled", "tokens", "text", "longcrawl64", "hf"):
         cs.store(group="data", name=name, node=DataConfig(source=name))
@@ -298,14 +286,13 @@ def model_config(cfg: ModelConfig):
     """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied."""
     if cfg.preset in PENDING and cfg.preset not in PRESETS:
         raise ValueError(f"model {cfg.preset} needs {PENDING[cfg.preset][1]}, not implemented yet (issue #36)")
-    base, extra = TINY.get(cfg.preset, (cfg.preset, {}))
-    config = get_preset(base, **extra)
+    config = get_preset(cfg.preset)
     given = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
     for k in given:
         if not hasattr(config, k):
             raise ValueError(f"model.{k} is not a field of {cfg.preset} ({type(config).__name__})")
     try:
-        return get_preset(base, **{**extra, **given, **dict(cfg.overrides)})
+        return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
     except ValueError as e:
         if cfg.window_size is not None and "window_size" in str(e):
             raise ValueError(f"model {cfg.preset} with window_size={cfg.window_size} needs sliding-window attention, "

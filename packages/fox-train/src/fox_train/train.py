@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 import fox_models
-from fox_layers import GroupRMSNorm, RMSNorm
+from fox_models.registry import model_entry, no_weight_decay
 from fox_train import checkpoint as ckpt
 from fox_train.config import SCHEDULES, TrainConfig, check, load_config, model_config, resume_conflicts
 from fox_train.data import (
@@ -70,19 +70,11 @@ def lr_at(tokens: int, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices and embeddings; none on biases, norm weights and bias-only gates, nor on
-    the recurrent baselines' per-head SSM parameters (Mamba-2 A_log, D, dt_bias) and HGRN2 lower bounds."""
-    from fox_models.mamba2 import GatedRMSNorm
-
-    no_decay = set()
-    for module in model.modules():
-        if isinstance(module, (RMSNorm, GroupRMSNorm, GatedRMSNorm)):
-            no_decay.update(id(p) for p in module.parameters(recurse=False))
-    for name, p in model.named_parameters():
-        if name.endswith((".bias", "fgate_bias", ".A_log", ".D", ".dt_bias", "lower_bounds")):
-            no_decay.add(id(p))
-    decay = [p for p in model.parameters() if id(p) not in no_decay]
-    rest = [p for p in model.parameters() if id(p) in no_decay]
+    """Weight decay on every parameter but those the model's registry entry exempts (norm weights, biases
+    and the like: ``fox_models.registry.no_weight_decay``)."""
+    no_decay = no_weight_decay(model)
+    decay = [p for name, p in model.named_parameters() if name not in no_decay]
+    rest = [p for name, p in model.named_parameters() if name in no_decay]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
 
 
@@ -138,14 +130,13 @@ def _check_param_dtype(s) -> None:
         raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
 
 
-def _fsdp_strategy(s, precision: str):
-    """FSDP wrapping each block. Under a mixed precision, ``s.fsdp_param_dtype`` = bfloat16 keeps Fabric's
-    policy (bf16 parameters, reductions, buffers); float32 gathers float32 parameters, reduces in float32
-    and lets autocast run the matmuls in bf16 (DDP's numerics)."""
+def _fsdp_strategy(s, precision: str, blocks: tuple[type[torch.nn.Module], ...]):
+    """FSDP wrapping each block (each module of a class in ``blocks``, the model's registry entry's). Under a
+    mixed precision, ``s.fsdp_param_dtype`` = bfloat16 keeps Fabric's policy (bf16 parameters, reductions,
+    buffers); float32 gathers float32 parameters, reduces in float32 and lets autocast run the matmuls in
+    bf16 (DDP's numerics)."""
     from lightning.fabric.strategies import FSDPStrategy
     from torch.distributed.fsdp import MixedPrecision
-
-    from fox_models.fox import FoxBlock
 
     _check_param_dtype(s)
     if s.fsdp_sharding not in FSDP_SHARDING:
@@ -153,15 +144,15 @@ def _fsdp_strategy(s, precision: str):
     mixed = None
     if "mixed" in precision and s.fsdp_param_dtype == "float32":
         mixed = MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    return FSDPStrategy(auto_wrap_policy={FoxBlock}, state_dict_type="full", mixed_precision=mixed,
+    return FSDPStrategy(auto_wrap_policy=set(blocks), state_dict_type="full", mixed_precision=mixed,
                         sharding_strategy=s.fsdp_sharding)
 
 
 def _fsdp2_strategy(s, precision: str):
-    """FSDP2 (``fully_shard`` on every block, then on the whole model) through Fabric's
-    ModelParallelStrategy, checkpoints as one full file like the other strategies'. Under a mixed
-    precision, ``s.fsdp_param_dtype`` = bfloat16 gathers bf16 parameters and reduces gradients in float32;
-    float32 gathers float32 parameters (autocast runs the matmuls in bf16)."""
+    """FSDP2 (``fully_shard`` on every block of the model's registry entry, then on the whole model)
+    through Fabric's ModelParallelStrategy, checkpoints as one full file like the other strategies'. Under a
+    mixed precision, ``s.fsdp_param_dtype`` = bfloat16 gathers bf16 parameters and reduces gradients in
+    float32; float32 gathers float32 parameters (autocast runs the matmuls in bf16)."""
     from lightning.fabric.strategies import ModelParallelStrategy
 
     _check_param_dtype(s)
@@ -176,7 +167,8 @@ def _fsdp2_strategy(s, precision: str):
         kw = dict(mesh=mesh["data_parallel"], reshard_after_forward=reshard)
         if bf16:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.model.layers:
+        blocks = model_entry(model).blocks
+        for block in [m for m in model.modules() if isinstance(m, blocks)]:
             fully_shard(block, **kw)
         fully_shard(model, **kw)
         return model
@@ -202,7 +194,7 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
         raise ValueError(f"strategy.name must be one of {STRATEGIES}, got {s.name!r}")
     strategy = {"single": "auto", "ddp": "ddp"}.get(s.name)
     if s.name == "fsdp":
-        strategy = _fsdp_strategy(s, precision)
+        strategy = _fsdp_strategy(s, precision, model_entry(model_config(cfg.model)).blocks)
     elif s.name == "fsdp2":
         strategy = _fsdp2_strategy(s, precision)
     # FSDP and FSDP2 write their full checkpoint with torch.save themselves
