@@ -80,3 +80,24 @@ def test_remote_code_and_the_package_hand_out_every_registered_class():
 def test_an_unregistered_model_is_named():
     with pytest.raises(ValueError, match="Linear is not a registered fox_models model"):
         model_entry(torch.nn.Linear(2, 2))
+
+
+def test_transformer_swa_is_the_transformer_with_a_window():
+    """Transformer-SWA: positions before the window's end see every earlier token, so their logits equal the
+    full Transformer's with the same weights; later ones differ; cached greedy decoding equals the
+    full forward pass of its own output."""
+    swa_config = get_preset("transformer-swa-tiny")
+    W = swa_config.window_size
+    torch.manual_seed(0)
+    swa = fox_models.TransformerForCausalLM(swa_config).eval()
+    full = fox_models.TransformerForCausalLM(get_preset("transformer-swa-tiny", window_size=None)).eval()
+    full.load_state_dict(swa.state_dict())
+    ids = torch.randint(0, swa_config.vocab_size, (2, 3 * W + 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        a, b = swa(ids).logits, full(ids).logits
+    torch.testing.assert_close(a[:, :W], b[:, :W])
+    assert (a[:, W:] - b[:, W:]).abs().amax(-1).min() > 1e-4
+    out = swa.generate(ids[:, :W + 3], max_new_tokens=2 * W, do_sample=False)
+    with torch.no_grad():
+        again = swa(out).logits[:, W + 2:-1].argmax(-1)
+    assert torch.equal(again, out[:, W + 3:])

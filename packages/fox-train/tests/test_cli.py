@@ -77,9 +77,6 @@ def test_errors_are_one_line(tmp_path):
         main([f"out_dir={tmp_path}", "model.state_size=16", *SMALL])
     with pytest.raises(SystemExit, match=r"^fox-train: model samba-760m needs SAMBA .*not implemented yet \(issue #36\)$"):
         main([f"out_dir={tmp_path}", "experiment=longcrawl64/samba/760m_16b", "data.path=/x"])
-    with pytest.raises(SystemExit, match=r"^fox-train: model transformer-llama-760m with window_size=2048 needs "
-                                         r"sliding-window attention, not implemented yet \(issue #36\)$"):
-        main([f"out_dir={tmp_path}", "experiment=longcrawl64/transformer_swa/760m_16b", "data.path=/x"])
     # a failing job of a sweep
     with pytest.raises(SystemExit, match=r"^fox-train: data.path '/no/such/corpus' does not exist"):
         main(["-m", f"out_dir={tmp_path}", "data=text", "data.path=/no/such/corpus", "optimizer.lr=1e-3,2e-3", *SMALL])

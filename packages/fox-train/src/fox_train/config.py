@@ -37,7 +37,8 @@ class ModelConfig:
     use_rope: bool | None = None
     rope_base: float | None = None
     window_size: int | None = None
-    """Sliding-window attention over this many tokens (Transformer-SWA, SAMBA: 2048; issue #36)."""
+    """Sliding-window attention over this many tokens (Transformer-SWA and SAMBA: 2048), for FoX and
+    Transformer presets; None: full causal attention."""
     fgate_type: str | None = None
     """full | bias_only | fixed | none."""
     decay_time_min: float | None = None
@@ -291,13 +292,7 @@ def model_config(cfg: ModelConfig):
     for k in given:
         if not hasattr(config, k):
             raise ValueError(f"model.{k} is not a field of {cfg.preset} ({type(config).__name__})")
-    try:
-        return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
-    except ValueError as e:
-        if cfg.window_size is not None and "window_size" in str(e):
-            raise ValueError(f"model {cfg.preset} with window_size={cfg.window_size} needs sliding-window attention, "
-                             f"not implemented yet (issue #36)") from None
-        raise
+    return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
 
 
 # Keys whose value may change when a run resumes (``resume=true key=value``): how long it trains (extending

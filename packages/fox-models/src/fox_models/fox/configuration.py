@@ -37,8 +37,9 @@ class _DecoderConfig(ConfigBase):
         rope_base: float = 500000.0,
         **kwargs,
     ):
-        if window_size is not None:
-            raise ValueError(f"window_size is not supported (sliding-window attention), got {window_size}")
+        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
+                                        or window_size < 1):
+            raise ValueError(f"window_size must be None or an int >= 1 (sliding-window attention), got {window_size!r}")
         if hidden_act not in ("swish", "silu"):
             raise ValueError(f"hidden_act must be 'swish' (SwiGLU), got {hidden_act!r}")
         self.vocab_size = vocab_size
@@ -117,6 +118,7 @@ class ForgettingTransformerConfig(_DecoderConfig):
             fgate_bias_init=self.fgate_bias_init, decay_time_min=self.decay_time_min,
             decay_time_max=self.decay_time_max, use_rope=self.use_rope, rope_base=self.rope_base,
             log_pruning_tolerance=self.log_pruning_tolerance, attention_bias=self.attention_bias,
+            window_size=self.window_size,
         )
 
 
