@@ -75,7 +75,9 @@ def gated_linear_attention(q, k, v, log_g, scale, state=None):
 
 
 def delta_rule(q, k, v, beta, scale, state=None):
-    if _use_fla(q):
+    # flash-linear-attention's chunk_delta_rule takes 16-bit inputs only (0.6 refuses float32): float32
+    # models run the float32 recurrence
+    if _use_fla(q) and q.dtype in (torch.bfloat16, torch.float16):
         _, chunk_delta_rule = _fla_ops()
         o, S = chunk_delta_rule(q, k, v, beta.to(q.dtype), scale=scale, initial_state=state, output_final_state=True)
         return o.to(v.dtype), S
