@@ -14,18 +14,9 @@ import torch
 from fox_kernel import forgetting_attention
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
+from fox_kernel.testing import attention_inputs as _inputs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(B, Tq, H, D, generator=g)
-    k = torch.randn(B, Tk, Hkv, D, generator=g)
-    v = torch.randn(B, Tk, Hkv, D, generator=g)
-    log_fgate = random_log_fgate((B, Tk, H), speed=speed, generator=g)
-    to = lambda x, dt: x.to(device=device, dtype=dt).requires_grad_()
-    return to(q, dtype), to(k, dtype), to(v, dtype), to(log_fgate, torch.float32)
 
 
 def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", grad=True, inputs=None, **kw):

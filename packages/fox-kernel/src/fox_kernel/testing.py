@@ -38,6 +38,18 @@ def random_log_fgate(shape, *, speed="fast", device="cpu", generator=None) -> to
     return F.logsigmoid(logits).float()
 
 
+def attention_inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
+    """Seeded random q (B, Tq, H, D), k, v (B, Tk, Hkv, D) in ``dtype`` and float32 log gates (B, Tk, H) on
+    ``device``, each a leaf that requires grad; drawn on the CPU, so a case gets the same values anywhere."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tk, Hkv, D, generator=g)
+    v = torch.randn(B, Tk, Hkv, D, generator=g)
+    log_fgate = random_log_fgate((B, Tk, H), speed=speed, generator=g)
+    to = lambda x, dt: x.to(device=device, dtype=dt).requires_grad_()
+    return to(q, dtype), to(k, dtype), to(v, dtype), to(log_fgate, torch.float32)
+
+
 def run_interpreted(test_file: str, *, select: str = "not interpreted", timeout: int = 600) -> None:
     """Run the tests of ``test_file`` matching ``-k select`` in a fresh process with TRITON_INTERPRET=1
     (the interpreter must be on before Triton kernels are defined); fail with the run's output unless
