@@ -32,7 +32,7 @@ def test_baseline_presets_at_every_size(name, fields):
 
 def test_every_family_has_every_size_and_unknown_names_are_named():
     families = {name.rsplit("-", 1)[0] for name in PRESETS}
-    assert families == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "mamba2", "hgrn2", "delta_net"}
+    assert families == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "transformer-swa", "mamba2", "hgrn2", "delta_net"}
     assert len(PRESETS) == 3 * len(families)
     with pytest.raises(ValueError, match="unknown preset 'samba-760m'"):
         get_preset("samba-760m")
