@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache
+from fox_kernel.ops import checks
 from fox_layers.norms import GroupRMSNorm
 from fox_layers.rope import apply_rope
 from fox_layers.shift import ShiftLinear
@@ -193,9 +194,7 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         if fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
-        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
-                                        or window_size < 1):
-            raise ValueError(f"window_size must be None or an int >= 1, got {window_size!r}")
+        checks.require_window_size(window_size)
         if ogate_act not in ("sigmoid", "silu"):
             raise ValueError(f"ogate_act must be 'sigmoid' or 'silu', got {ogate_act!r}")
         self.hidden_size = hidden_size

@@ -115,12 +115,15 @@ def check_no_zero_gates(name: str, log_gates: torch.Tensor, why: str) -> None:
                          f"{why}")
 
 
+def require_window_size(window_size) -> None:
+    """A sliding window is None (full attention) or an int >= 1 (1: each query sees only its own key)."""
+    if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
+                                    or window_size < 1):
+        raise ValueError(f"window_size must be None or an int >= 1 (1: each query sees only its own key), "
+                         f"got {window_size!r}")
+
+
 def check_window_size(window_size, t_k: int) -> int:
     """The sliding window as the kernels take it: 0 for none (None, or a window covering every key)."""
-    if window_size is None:
-        return 0
-    if isinstance(window_size, bool) or not isinstance(window_size, int):
-        raise TypeError(f"window_size must be None or an int >= 1, got {window_size!r}")
-    if window_size < 1:
-        raise ValueError(f"window_size must be >= 1 (1: each query sees only its own key), got {window_size}")
-    return 0 if window_size >= t_k else window_size
+    require_window_size(window_size)
+    return 0 if window_size is None or window_size >= t_k else window_size

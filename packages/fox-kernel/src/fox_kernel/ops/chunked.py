@@ -43,7 +43,7 @@ def _chunk_rows(B, H, Tq, Tk):
 def _key_span(pos_q, window):
     """Keys [kstart, kend) that the queries at positions ``pos_q`` may see (causal, within the window)."""
     kend = int(pos_q[-1]) + 1
-    kstart = 0 if window is None else max(0, int(pos_q[0]) - window + 1)
+    kstart = max(0, int(pos_q[0]) - window + 1) if window else 0
     return kstart, kend
 
 
@@ -59,7 +59,7 @@ def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshol
     s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale + bias
     pos_k = torch.arange(kstart, kend, device=kh.device)
     allowed = pos_k[None, :] <= pos_q[:, None]
-    if window is not None:
+    if window:
         allowed = allowed & (pos_k[None, :] > pos_q[:, None] - window)
     allowed = allowed[None, None]
     if seq_start is not None:
@@ -138,9 +138,9 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold,
     )
 
 
-def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None, window=None):
+def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None, window=0):
     """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32). threshold: (B or N, H) or None; window: the
-    sliding window W (query i sees keys i - W < j <= i) or None."""
+    sliding window W (query i sees keys i - W < j <= i), 0 for none."""
     if cu_seqlens is None:
         return _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window)
     parts = [
@@ -151,7 +151,7 @@ def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, thresho
 
 
 def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold=None,
-                     window=None):
+                     window=0):
     """Returns (dq, dk, dv, dlog_fgate) in the dtypes of q, k, v, log_fgate."""
     if cu_seqlens is None:
         return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold, window)

@@ -51,7 +51,7 @@ def _fwd_op(
     else:
         if auto_log_eps is not None:
             threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
-        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window or None)
+        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window)
         out = out.contiguous()
     if auto_log_eps is None:  # not an input as it is, nor None: a custom op may return neither
         threshold = q.new_empty(0, dtype=torch.float32)
@@ -88,7 +88,7 @@ def _bwd_op(
                                 window)
     else:
         grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold,
-                                 window or None)
+                                 window)
     return tuple(g.contiguous() for g in grads)
 
 

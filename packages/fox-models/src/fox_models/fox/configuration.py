@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fox_kernel.ops import checks
 from fox_models.compat import ConfigBase
 
 
@@ -37,9 +38,7 @@ class _DecoderConfig(ConfigBase):
         rope_base: float = 500000.0,
         **kwargs,
     ):
-        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)
-                                        or window_size < 1):
-            raise ValueError(f"window_size must be None or an int >= 1 (sliding-window attention), got {window_size!r}")
+        checks.require_window_size(window_size)
         if hidden_act not in ("swish", "silu"):
             raise ValueError(f"hidden_act must be 'swish' (SwiGLU), got {hidden_act!r}")
         self.vocab_size = vocab_size
