@@ -209,6 +209,18 @@ def test_resume_keeps_the_run_config_and_refuses_conflicting_overrides(tmp_path)
     with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1"):
         main([f"out_dir={tmp_path}", "run_name=r", "resume=true", "log_every=0"])
     unchanged()
+    # refused inside train(), after the command line was accepted: no checkpoint loads. config.yaml and
+    # .hydra/ still hold the last accepted call's values.
+    states = {p: p.read_bytes() for p in sorted(run.glob("checkpoints/step-*/state.pt"))}
+    for p, data in states.items():
+        p.write_bytes(data[: len(data) // 3])
+    before = _file_hashes(run)
+    with pytest.raises(SystemExit, match=r"^fox-train: resume=true: no checkpoint under .* loads"):
+        main([f"out_dir={tmp_path}", "run_name=r", "resume=true", "schedule.total_tokens=2048"])
+    unchanged()
+    for p, data in states.items():
+        p.write_bytes(data)
+    before = _file_hashes(run)
     # the run's own config, whatever the defaults: a finished run stays finished
     main([f"out_dir={tmp_path}", "run_name=r", "resume=true"])
     assert _losses(run).keys() == {1, 2, 3, 4}

@@ -145,8 +145,7 @@ def _app(dict_cfg: DictConfig) -> str:
             cfg = _resumed(cfg, run_dir)
         check(cfg)
         claim_run_dir(cfg, run_dir)
-        _save_hydra_record(dict_cfg, run_dir)
-        done = train(cfg)
+        done = train(cfg, record=lambda d: _save_hydra_record(dict_cfg, d))
     except (OSError, ValueError, ImportError) as e:  # OSError: a missing file, a full or read-only disk
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise RunError(str(e)) from None  # Hydra records the failed job, the sweep goes on, main() reports it

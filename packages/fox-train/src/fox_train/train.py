@@ -424,9 +424,12 @@ def _save_config(cfg: TrainConfig, run_dir: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def train(cfg: TrainConfig) -> Path:
+def train(cfg: TrainConfig, record=None) -> Path:
     """Run training; returns the run directory. Raises Interrupted after SIGINT / SIGTERM (a checkpoint of
-    the last step is saved)."""
+    the last step is saved). Nothing in the run directory is written until every check has passed (data,
+    model, warm start, the checkpoint to resume from): a refused call leaves the folder as it was. ``record``
+    (``run_dir -> None``), if given, writes the caller's own files at that same moment (the CLI's Hydra
+    record)."""
     check(cfg)
     graphs = _check_compile(cfg)
     fabric = _fabric(cfg)
@@ -438,10 +441,6 @@ def train(cfg: TrainConfig) -> Path:
         run_dir = Path(fabric.broadcast(str(run_dir)))
     ckpt_root = run_dir / "checkpoints"
     claim_run_dir(cfg, run_dir)
-    if fabric.is_global_zero:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _save_config(cfg, run_dir)
-        ckpt.remove_partial(ckpt_root)
 
     config = model_config(cfg.model)
     tokenizer = fox_models.JSONGPT2Tokenizer()
@@ -491,6 +490,13 @@ def train(cfg: TrainConfig) -> Path:
         else:
             start = found
             fabric.print(f"resumed from step {start} ({ckpt_root})")
+    if fabric.is_global_zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _save_config(cfg, run_dir)
+        if record is not None:
+            record(run_dir)
+        ckpt.remove_partial(ckpt_root)
+    fabric.barrier()
     writer = MetricsWriter(run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), cfg.tensorboard, cfg.wandb,
                            cfg.wandb_project, start) if fabric.is_global_zero else None
     try:
