@@ -84,13 +84,17 @@ def append_to_paged_cache(
     k_cache, v_cache (num_pages, page_size, Hkv, D); c_cache (num_pages, page_size, H) float32;
     block_table (B, pages per row) int32; cache_seqlens (B,) int32 tokens already cached per row;
     k_new, v_new (B, Tn, Hkv, D); log_fgate_new (B, Tn, H) float32.
+
+    No host synchronisation on CUDA tensors (a decoding step that uses it can be captured in a CUDA graph):
+    the capacity is checked only for CPU tensors (``checks.values_checkable``). A contiguous cache
+    (B, capacity, ...) is the paged one with one page per row: ``block_table = arange(B)[:, None]``.
     """
     B, Tn = k_new.shape[:2]
     page_size = k_cache.shape[1]
     lens = cache_seqlens.long()
     pos = lens[:, None] + torch.arange(Tn, device=k_new.device)[None, :]  # (B, Tn)
     capacity = block_table.shape[1] * page_size
-    if pos.numel() and int(pos.max()) >= capacity:
+    if pos.numel() and checks.values_checkable(pos) and int(pos.max()) >= capacity:
         raise ValueError(f"block_table holds {capacity} tokens per row; appending {Tn} to lengths "
                          f"{cache_seqlens.tolist()} does not fit")
     page = torch.gather(block_table.long(), 1, pos // page_size)
