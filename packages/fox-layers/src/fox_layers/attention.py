@@ -49,6 +49,9 @@ class AttentionState:
     k_shift: torch.Tensor | None = None
     v_shift: torch.Tensor | None = None
     seq_start: torch.Tensor | None = None
+    cache_seqlens: torch.Tensor | None = None
+    """(B,) int32 tokens cached per row, on the device, for a state whose k, v and c are buffers of a fixed
+    capacity (a static cache); None when they hold exactly ``length`` tokens."""
     k_history: torch.Tensor | None = None
     v_history: torch.Tensor | None = None
     record_past: bool = False
@@ -271,7 +274,8 @@ class ForgettingAttentionLayer(nn.Module):
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, self.num_heads)
 
     def _positions(self, B, T, past, seq_start, cu_seqlens, device):
-        pos = torch.arange(past, past + T, device=device).expand(B, T)
+        """RoPE positions (B, T); ``past`` is an int, or a (B, 1) tensor of cached lengths (static cache)."""
+        pos = (torch.arange(T, device=device)[None, :] + past).expand(B, T)
         if seq_start is not None:
             pos = (pos - seq_start[:, None]).clamp_min(0)
         if cu_seqlens is not None:
@@ -346,10 +350,12 @@ class ForgettingAttentionLayer(nn.Module):
         return self._project(x, seq_start, cu_seqlens, past, k_state, v_state)[:6]
 
     def _project(self, x, seq_start=None, cu_seqlens=None, past: int = 0, k_state=None, v_state=None,
-                 with_ogate: bool = False, whole_chunk_states: bool = False):
+                 with_ogate: bool = False, whole_chunk_states: bool = False, rope_past=None):
         """``project`` plus, with ``with_ogate``, the output gate's logits (or None), from the same matmul.
         ``whole_chunk_states``: the shift states returned are the chunk's un-mixed projections (B, T, kv_dim)
-        rather than their last row (a recording ``AttentionState`` keeps them all)."""
+        rather than their last row (a recording ``AttentionState`` keeps them all). ``rope_past``: the
+        cached lengths as a (B, 1) device tensor for RoPE (a static cache, whose step is replayed as a
+        CUDA graph), instead of the int ``past``."""
         B, T, _ = x.shape
         y = self._input_projections(x, with_ogate)
         k, k_shift = y["k"], None
@@ -367,7 +373,7 @@ class ForgettingAttentionLayer(nn.Module):
         k = k.reshape(B, T, self.num_kv_heads, self.head_dim)
         v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         if self.use_rope:
-            pos = self._positions(B, T, past, seq_start, cu_seqlens, x.device)
+            pos = self._positions(B, T, past if rope_past is None else rope_past, seq_start, cu_seqlens, x.device)
             q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
         log_fgate = F.logsigmoid(y["f"].float()) if "f" in y else self.log_fgate(x)
         return q, k, v, log_fgate, k_shift, v_shift, y.get("g")
@@ -407,7 +413,8 @@ class ForgettingAttentionLayer(nn.Module):
         else:
             q, k, v, log_fgate, k_shift, v_shift, g = self._project(
                 x, seq_start, cu_seqlens, past, state and state.k_shift, state and state.v_shift, with_ogate=True,
-                whole_chunk_states=True,
+                whole_chunk_states=True, rope_past=None if state is None or state.cache_seqlens is None
+                else state.cache_seqlens[:, None],
             )
         dtype = v.dtype
         if output_attentions:
@@ -428,8 +435,8 @@ class ForgettingAttentionLayer(nn.Module):
         if state is not None:
             state.append(k, v, log_fgate, k_shift, v_shift)
             if past > 0:
-                o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, seq_start=seq_start,
-                                                      window_size=self.window_size)
+                o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, state.cache_seqlens,
+                                                      seq_start=seq_start, window_size=self.window_size)
         o = o.reshape(B, T, self.hidden_size).to(dtype)
         if recompute:  # the gate logits and the normalised, gated output are not kept
             return checkpoint(self._output, o, x, use_reentrant=False), state
