@@ -7,7 +7,9 @@ after the prefill), and the peak GPU memory of the whole generate() call. bf16 w
 
 - FoX (Pro), FoX (LLaMA) and the project's Transformer (LLaMA) (fox_models presets at ``--size``);
 - ``LlamaForCausalLM`` (SDPA) with transformers' dynamic cache, and with its static cache (``--static``),
-  for which generate() itself compiles the decoding step (transformers' default compile config).
+  for which generate() itself compiles the decoding step (transformers' default compile config);
+- with ``--static`` also the FoX models with their static cache, whose decoding steps replay a CUDA graph
+  (``fox_models.static_cache``).
 
 Prints a table and writes JSON:
 
@@ -81,7 +83,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, nargs="+", default=[2048, 16384])
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--static", action="store_true", help="also Llama with a static cache + torch.compile")
+    ap.add_argument("--static", action="store_true", help="also every model with a static cache (Llama: + "
+                    "torch.compile; FoX: + CUDA graphs)")
     ap.add_argument("--models", nargs="+", help="subset of the model names (default: all)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer width-64 model (a CPU smoke run)")
     ap.add_argument("--out", default="generate.json")
@@ -97,6 +100,8 @@ def main() -> None:
     builders["HF Llama (SDPA, dynamic cache)"] = lambda: llama_like(llama_config)
     if args.static:
         builders["HF Llama (SDPA, static cache + compile)"] = lambda: llama_like(llama_config)
+        for name in FOX_MODELS:
+            builders[f"{name}, static cache + CUDA graph"] = builders[name]
     names = args.models or list(builders)
     unknown = [n for n in names if n not in builders]
     if unknown:

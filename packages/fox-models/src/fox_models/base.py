@@ -19,6 +19,7 @@ from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm
 from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import GenerationMixin
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
+from fox_models.static_cache import StaticFoxCache
 
 
 def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -191,12 +192,31 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
             return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         if generation_config.use_cache is False:
             return
+        if generation_config.cache_implementation == "static":
+            max_cache_length = kwargs.get("max_cache_length", args[-1] if args else generation_config.max_length - 1)
+            model_kwargs["past_key_values"] = self.static_cache(max_cache_length)
+            return
         if generation_config.cache_implementation not in (None, "dynamic"):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
-                             "these models decode with their own growing cache")
+                             "these models decode with their own growing cache, or a static one (\"static\")")
         model_kwargs["past_key_values"] = self.model.new_cache()
         if generation_config.is_assistant:  # an assistant's cache is rolled back after each round
             model_kwargs["past_key_values"].activate_past_recording()
+
+    def static_cache(self, capacity: int) -> StaticFoxCache:
+        """An empty ``StaticFoxCache`` of ``capacity`` tokens per row (``generate(...,
+        cache_implementation="static")`` asks for one of ``max_length - 1``). The model keeps the last one
+        and hands it out again, emptied, for the same capacity: its buffers and its captured decoding step
+        are reused by the next generate() call of the same shape."""
+        if type(self.model.new_cache()) is not FoxCache:
+            raise ValueError(f"a static cache is for the attention models (FoX, the Transformer); "
+                             f"{type(self).__name__} decodes with {type(self.model.new_cache()).__name__}")
+        cache = self.__dict__.get("_static_cache")
+        if cache is None or cache.capacity != capacity or len(cache.layers) != len(self.model.layers):
+            cache = StaticFoxCache(len(self.model.layers), capacity)
+            self.__dict__["_static_cache"] = cache
+        cache.reset()
+        return cache
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
                                       inputs_embeds=None, use_cache=True, **kwargs):
@@ -237,7 +257,21 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         is -100), with ``logits=None`` (no (B, T, V) tensor at long context).
 
         ``position_ids`` are accepted and not used: FoX has no positions, and the Transformer's RoPE
-        positions follow from the padding and the cache (the default position ids)."""
+        positions follow from the padding and the cache (the default position ids).
+
+        With a ``StaticFoxCache`` on a GPU, a decoding step (one new token per row, no labels, no extra
+        outputs) is replayed as a CUDA graph (``StaticFoxCache.decode``); it returns only the logits and
+        the cache."""
+        cache = past_key_values
+        if isinstance(cache, StaticFoxCache):
+            if output_attentions:
+                raise ValueError("output_attentions needs the default cache (a static cache's buffers are longer "
+                                 "than the tokens they hold)")
+            if (cache.can_replay(input_ids) and labels is None and inputs_embeds is None and not output_hidden_states
+                    and cu_seqlens is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+                logits = cache.decode(functools.partial(self._decode_step, cache=cache), input_ids)
+                output = CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+                return output if return_dict is not False else output.to_tuple()
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
@@ -261,6 +295,11 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
                                         hidden_states=out.hidden_states, attentions=out.attentions)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return output if return_dict else output.to_tuple()
+
+    def _decode_step(self, input_ids, cache):
+        """The logits (B, 1, V) of one new token per row, appended to ``cache`` (what a CUDA graph captures)."""
+        h = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, return_dict=True).last_hidden_state
+        return self.lm_head(h)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
