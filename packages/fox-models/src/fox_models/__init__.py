@@ -1,6 +1,6 @@
 """fox-models: Hugging Face models of the Forgetting Transformer and its baselines.
 
-One folder a model family (``fox``, ``transformer``, ``mamba2``, ``hgrn2``, ``delta_net``), one list of
+One folder a model family (``fox``, ``transformer``, ``mamba2``, ``hgrn2``, ``delta_net``, ``samba``), one list of
 them (``fox_models.registry``). Importing this package registers the configs, models and tokenizer with
 the transformers Auto classes.
 """
@@ -15,6 +15,7 @@ from fox_models.fox import (
 from fox_models.hgrn2 import HGRN2Config, HGRN2ForCausalLM, HGRN2Model
 from fox_models.mamba2 import Mamba2Config, Mamba2ForCausalLM, Mamba2Model
 from fox_models.registry import register_auto_classes
+from fox_models.samba import SambaConfig, SambaForCausalLM, SambaModel
 from fox_models.tokenizer import JSONGPT2Tokenizer, gpt2_tokenizer
 from fox_models.transformer import TransformerConfig, TransformerForCausalLM, TransformerModel
 
@@ -37,6 +38,9 @@ __all__ = [
     "Mamba2Config",
     "Mamba2ForCausalLM",
     "Mamba2Model",
+    "SambaConfig",
+    "SambaForCausalLM",
+    "SambaModel",
     "TransformerConfig",
     "TransformerForCausalLM",
     "TransformerModel",

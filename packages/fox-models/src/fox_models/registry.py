@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from fox_layers import GroupRMSNorm, RMSNorm
-from fox_models import delta_net, fox, hgrn2, mamba2, transformer
+from fox_models import delta_net, fox, hgrn2, mamba2, samba, transformer
 from fox_models.recurrent import RecurrentBlock
 
 
@@ -53,6 +53,8 @@ MODELS = (
                presets=hgrn2.PRESETS, tiny=hgrn2.TINY, no_decay_names=("bias", "lower_bounds")),
     ModelEntry(delta_net.DeltaNetConfig, delta_net.DeltaNetModel, delta_net.DeltaNetForCausalLM,
                blocks=(RecurrentBlock,), presets=delta_net.PRESETS, tiny=delta_net.TINY),
+    ModelEntry(samba.SambaConfig, samba.SambaModel, samba.SambaForCausalLM, blocks=(samba.SambaBlock,),
+               presets=samba.PRESETS, tiny=samba.TINY, no_decay_names=("bias", "A_log", "D")),
 )
 
 _BY_TYPE = {entry.config_class.model_type: entry for entry in MODELS}

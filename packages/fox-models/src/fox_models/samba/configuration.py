@@ -1,0 +1,185 @@
+"""The SAMBA config, field names and defaults as in the reference implementation, and its named configs."""
+
+from __future__ import annotations
+
+import math
+
+from fox_kernel.ops import checks
+from fox_models.compat import ConfigBase
+from fox_models.fox.configuration import SIZES, TRANSFORMER_HEADS
+
+_ATTN_KEYS = ("num_heads", "num_kv_heads", "window_size", "layers")
+
+
+class SambaConfig(ConfigBase):
+    """SAMBA (Ren et al. 2024): Mamba layers and sliding-window attention layers, alternating.
+
+    ``attn`` describes the attention layers as the reference does: ``{"num_heads", "num_kv_heads",
+    "window_size", "layers"}``; ``layers: None`` puts attention on the odd layers (1, 3, 5, ...) and Mamba on
+    the even ones, the reference's only layout; ``attn: None`` makes every layer a Mamba layer. Every layer
+    has a SwiGLU MLP, of width ratio ``attn_hidden_ratio`` after attention and ``mamba_hidden_ratio`` after
+    Mamba. ``num_heads``, ``num_kv_heads`` and ``window_size`` (attributes and keyword arguments) read and
+    set the entries of ``attn``; a keyword argument left at None keeps the entry of ``attn``.
+    """
+
+    model_type = "samba-project_fox"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {"num_attention_heads": "num_heads"}
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 2304,
+        state_size: int = 16,
+        num_hidden_layers: int = 18,
+        norm_eps: float = 1e-5,
+        pad_token_id: int | None = 0,
+        bos_token_id: int | None = 1,
+        eos_token_id: int | None = 2,
+        expand: int = 2,
+        conv_kernel: int = 4,
+        use_bias: bool = False,
+        use_conv_bias: bool = True,
+        hidden_act: str = "silu",
+        initializer_range: float = 0.02,
+        residual_in_fp32: bool = False,
+        time_step_rank="auto",
+        time_step_scale: float = 1.0,
+        time_step_min: float = 0.001,
+        time_step_max: float = 0.1,
+        time_step_init_scheme: str = "random",
+        time_step_floor: float = 1e-4,
+        max_position_embeddings: int | None = 2048,
+        attn: dict | None = None,
+        attn_hidden_ratio: float | None = 4,
+        mamba_hidden_ratio: float | None = 3,
+        rescale_prenorm_residual: bool = False,
+        use_cache: bool = True,
+        fuse_norm: bool = True,
+        fuse_cross_entropy: bool = True,
+        tie_word_embeddings: bool = False,
+        rope_base: float = 500000.0,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        window_size: int | None = None,
+        **kwargs,
+    ):
+        if hidden_act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act must be 'silu', got {hidden_act!r}")
+        if residual_in_fp32:
+            raise ValueError("residual_in_fp32=True is not supported (the reference SAMBA block adds its residual "
+                             "in the activations' dtype)")
+        if time_step_init_scheme not in ("random", "constant"):
+            raise ValueError(f"time_step_init_scheme must be 'random' or 'constant', got {time_step_init_scheme!r}")
+        intermediate_size = kwargs.pop("intermediate_size", None)  # written by save_pretrained: expand * hidden
+        if intermediate_size is not None and intermediate_size != expand * hidden_size:
+            raise ValueError(f"intermediate_size must be expand * hidden_size = {expand * hidden_size}, "
+                             f"got {intermediate_size}")
+        attn = None if attn is None else dict(attn)
+        given = {k: v for k, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
+                                   ("window_size", window_size)) if v is not None}
+        if given:
+            attn = {**(attn or {"layers": None}), **given}
+        if attn is not None:
+            unknown = set(attn) - set(_ATTN_KEYS)
+            if unknown:
+                raise ValueError(f"attn has unknown keys {sorted(unknown)}; known: {list(_ATTN_KEYS)}")
+            if attn.get("num_heads") is None:
+                raise ValueError("attn must give num_heads (the heads of the attention layers)")
+            if attn.get("layers") is not None:
+                raise ValueError(f"attn['layers'] must be None (attention on the odd layers, the reference's only "
+                                 f"layout), got {attn['layers']!r}")
+            attn = {k: attn.get(k) for k in _ATTN_KEYS}
+            checks.require_window_size(attn["window_size"])
+            if hidden_size % attn["num_heads"]:
+                raise ValueError(f"hidden_size {hidden_size} must be a multiple of attn num_heads {attn['num_heads']}")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.state_size = state_size
+        self.num_hidden_layers = num_hidden_layers
+        self.norm_eps = norm_eps
+        self.expand = expand
+        self.intermediate_size = expand * hidden_size
+        self.conv_kernel = conv_kernel
+        self.use_bias = use_bias
+        self.use_conv_bias = use_conv_bias
+        self.hidden_act = hidden_act
+        self.initializer_range = initializer_range
+        self.residual_in_fp32 = residual_in_fp32
+        self.time_step_rank = math.ceil(hidden_size / 16) if time_step_rank == "auto" else time_step_rank
+        self.time_step_scale = time_step_scale
+        self.time_step_min = time_step_min
+        self.time_step_max = time_step_max
+        self.time_step_init_scheme = time_step_init_scheme
+        self.time_step_floor = time_step_floor
+        self.max_position_embeddings = max_position_embeddings
+        self.attn = attn
+        self.attn_hidden_ratio = attn_hidden_ratio
+        self.mamba_hidden_ratio = mamba_hidden_ratio
+        self.rescale_prenorm_residual = rescale_prenorm_residual
+        self.use_cache = use_cache
+        self.fuse_norm = fuse_norm
+        self.fuse_cross_entropy = fuse_cross_entropy
+        self.rope_base = rope_base
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def _set_attn(self, key: str, value) -> None:
+        if self.attn is None and value is None:
+            return
+        self.attn = {**(self.attn or dict.fromkeys(_ATTN_KEYS)), key: value}
+
+    @property
+    def num_heads(self) -> int | None:
+        """Heads of the attention layers (None without attention layers)."""
+        return None if self.attn is None else self.attn["num_heads"]
+
+    @num_heads.setter
+    def num_heads(self, value):
+        self._set_attn("num_heads", value)
+
+    @property
+    def num_kv_heads(self) -> int | None:
+        return None if self.attn is None else self.attn["num_kv_heads"]
+
+    @num_kv_heads.setter
+    def num_kv_heads(self, value):
+        self._set_attn("num_kv_heads", value)
+
+    @property
+    def window_size(self) -> int | None:
+        """The attention layers' sliding window (each query sees this many keys, itself included)."""
+        return None if self.attn is None else self.attn["window_size"]
+
+    @window_size.setter
+    def window_size(self, value):
+        checks.require_window_size(value)
+        self._set_attn("window_size", value)
+
+    def is_attention_layer(self, layer_idx: int) -> bool:
+        return self.attn is not None and layer_idx % 2 == 1
+
+    def mlp_ratio(self, layer_idx: int) -> float:
+        """The MLP width ratio after layer ``layer_idx``'s mixer (4 where the reference's is None)."""
+        ratio = self.attn_hidden_ratio if self.is_attention_layer(layer_idx) else self.mamba_hidden_ratio
+        return 4 if ratio is None else ratio
+
+
+def size_fields(size: str) -> dict:
+    """SAMBA at the paper's sizes: FoX's hidden size and depth (half the layers Mamba, half attention), the
+    attention layers shaped as the Transformer's (head dim 64 at 125M/360M, 128 at 760M), window 2048."""
+    hidden, layers, _ = SIZES[size]
+    return dict(hidden_size=hidden, num_hidden_layers=layers,
+                attn=dict(num_heads=TRANSFORMER_HEADS[size], num_kv_heads=None, window_size=2048, layers=None))
+
+
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary); samba-760m is the official
+# configs/experiment/longcrawl64/samba/760m_16b.yaml with the defaults of configs/model/samba.py
+PRESETS = {
+    f"samba-{size}": dict(size_fields(size), state_size=16, expand=2, conv_kernel=4, norm_eps=1e-5,
+                          attn_hidden_ratio=4, mamba_hidden_ratio=3, rope_base=500000.0, time_step_rank="auto",
+                          rescale_prenorm_residual=True, pad_token_id=None, max_position_embeddings=16384)
+    for size in SIZES
+}
+TINY = {"samba-tiny": dict(PRESETS["samba-125m"], hidden_size=128, num_hidden_layers=2,
+                           attn=dict(num_heads=2, num_kv_heads=None, window_size=8, layers=None))}
