@@ -27,7 +27,7 @@ def export(model, path):
     return path
 
 
-@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama", "mamba2"])
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama", "mamba2", "samba"])
 def test_folder_loads_with_trust_remote_code_and_no_import(tmp_path, family):
     d = export(tiny_model(family), tmp_path / "m")
     config = json.loads((d / "config.json").read_text())

@@ -24,6 +24,11 @@ def test_transformers_use_head_dim_64_below_760m_and_128_at_760m(size, heads):
     ("delta_net-125m", dict(hidden_size=768, num_hidden_layers=12, num_heads=6)),
     ("delta_net-360m", dict(hidden_size=1024, num_hidden_layers=24, num_heads=8)),
     ("delta_net-760m", dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, conv_size=4)),
+    # SAMBA: the attention layers' heads as the Transformers' (head dim 64 below 760M, 128 at 760M)
+    ("samba-125m", dict(hidden_size=768, num_hidden_layers=12, num_heads=12, window_size=2048, state_size=16)),
+    ("samba-360m", dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, window_size=2048, state_size=16)),
+    ("samba-760m", dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, window_size=2048, state_size=16,
+                        expand=2, conv_kernel=4, time_step_rank=96, attn_hidden_ratio=4, mamba_hidden_ratio=3)),
 ])
 def test_baseline_presets_at_every_size(name, fields):
     config = get_preset(name)
@@ -32,7 +37,8 @@ def test_baseline_presets_at_every_size(name, fields):
 
 def test_every_family_has_every_size_and_unknown_names_are_named():
     families = {name.rsplit("-", 1)[0] for name in PRESETS}
-    assert families == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "transformer-swa", "mamba2", "hgrn2", "delta_net"}
+    assert families == {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama", "transformer-swa", "mamba2", "hgrn2",
+                        "delta_net", "samba"}
     assert len(PRESETS) == 3 * len(families)
-    with pytest.raises(ValueError, match="unknown preset 'samba-760m'"):
-        get_preset("samba-760m")
+    with pytest.raises(ValueError, match="unknown preset 'samba-1b'"):
+        get_preset("samba-1b")

@@ -41,7 +41,7 @@ def test_no_weight_decay_is_norms_biases_and_per_head_parameters(preset, overrid
 def test_every_model_has_presets_a_tiny_config_and_the_auto_classes():
     assert {e.config_class.model_type for e in MODELS} == {
         "forgetting_transformer-project_fox", "transformer-project_fox", "mamba2-project_fox", "hgrn2-project_fox",
-        "delta_net-project_fox"}
+        "delta_net-project_fox", "samba-project_fox"}
     assert len(PRESETS + TINY_PRESETS) == len(set(PRESETS + TINY_PRESETS))
     for e in MODELS:
         assert e.presets and e.tiny, e.config_class.__name__
