@@ -75,8 +75,6 @@ def test_errors_are_one_line(tmp_path):
         main(["model.state_size=abc"])
     with pytest.raises(SystemExit, match=r"^fox-train: model.state_size is not a field of fox-pro-tiny"):
         main([f"out_dir={tmp_path}", "model.state_size=16", *SMALL])
-    with pytest.raises(SystemExit, match=r"^fox-train: model samba-760m needs SAMBA .*not implemented yet \(issue #36\)$"):
-        main([f"out_dir={tmp_path}", "experiment=longcrawl64/samba/760m_16b", "data.path=/x"])
     # a failing job of a sweep
     with pytest.raises(SystemExit, match=r"^fox-train: data.path '/no/such/corpus' does not exist"):
         main(["-m", f"out_dir={tmp_path}", "data=text", "data.path=/no/such/corpus", "optimizer.lr=1e-3,2e-3", *SMALL])

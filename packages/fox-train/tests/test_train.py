@@ -252,7 +252,7 @@ def test_twenty_step_cpu_run_writes_everything(tmp_path):
     assert torch.equal(a(ids).logits, b(ids).logits)
 
 
-@pytest.mark.parametrize("preset", ["mamba2-tiny", "hgrn2-tiny", "delta_net-tiny"])
+@pytest.mark.parametrize("preset", ["mamba2-tiny", "hgrn2-tiny", "delta_net-tiny", "samba-tiny"])
 def test_recurrent_baselines_train_and_export(tmp_path, preset):
     main([f"out_dir={tmp_path}", "run_name=r", f"model={preset}", "schedule.total_tokens=2048", "eval_every=4",
           "checkpoint_every=8", "data.seq_len=32", "micro_batch_size=4", "global_batch_tokens=256",
@@ -262,7 +262,7 @@ def test_recurrent_baselines_train_and_export(tmp_path, preset):
     assert len(held) >= 2 and held[-1] < held[0]
     model = AutoModelForCausalLM.from_pretrained(run / "hf")
     assert type(model).__name__ == {"mamba2-tiny": "Mamba2ForCausalLM", "hgrn2-tiny": "HGRN2ForCausalLM",
-                                    "delta_net-tiny": "DeltaNetForCausalLM"}[preset]
+                                    "delta_net-tiny": "DeltaNetForCausalLM", "samba-tiny": "SambaForCausalLM"}[preset]
 
 
 def test_baseline_ssm_parameters_get_no_weight_decay():

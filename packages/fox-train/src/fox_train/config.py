@@ -22,9 +22,9 @@ from fox_models.presets import PRESETS, TINY_PRESETS, get_preset
 @dataclass
 class ModelConfig:
     preset: str = "fox-pro-tiny"
-    """A fox-models preset (``fox-pro-760m``, ``transformer-llama-125m``, ``mamba2-360m``...), a tiny CPU model
-    (``fox-pro-tiny``...) or ``samba-760m`` (not implemented yet, issue #36). ``model=NAME`` selects one and
-    fills the fields below with its values; a field set here replaces the preset's."""
+    """A fox-models preset (``fox-pro-760m``, ``transformer-llama-125m``, ``mamba2-360m``, ``samba-760m``...) or a
+    tiny CPU model (``fox-pro-tiny``...). ``model=NAME`` selects one and fills the fields below with its values;
+    a field set here replaces the preset's."""
     hidden_size: int | None = None
     """The model's fields: set by ``model=NAME`` to the preset's values; None where the field does not belong
     to that kind of model (setting such a field is an error)."""
@@ -209,20 +209,8 @@ class TrainConfig:
     """Write the Hugging Face model directory (hf/) at the end."""
 
 
-# Models of the official configs that fox-models does not have yet: their fields, so the experiments
-# compose and print; training them stops with a message naming the missing piece. SAMBA: Mamba (v1)
-# layers (state 16, expand 2, MLP ratio 3) on the even layers and sliding-window attention layers (MLP
-# ratio 4, RoPE) on the odd ones (the official ``attn.layers: null``), RMSNorm eps 1e-5.
-PENDING = {
-    "samba-760m": (dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, window_size=2048, rope_base=500000.0,
-                        state_size=16, expand=2), "SAMBA (Mamba + sliding-window attention layers)"),
-}
-
-
 def preset_fields(name: str) -> dict[str, Any]:
     """The ModelConfig fields of a preset, as ``model=NAME`` fills them in."""
-    if name in PENDING and name not in PRESETS:
-        return dict(PENDING[name][0])
     config = get_preset(name)
     hints = get_type_hints(ModelConfig)
     found = {}
@@ -240,7 +228,7 @@ def preset_fields(name: str) -> dict[str, Any]:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for name in (*PRESETS, *TINY_PRESETS, *PENDING):
+    for name in (*PRESETS, *TINY_PRESETS):
         cs.store(group="model", name=name, node=ModelConfig(preset=name, **preset_fields(name)))
     for name in ("bundled", "tokens", "text", "longcrawl64", "hf"):
         cs.store(group="data", name=name, node=DataConfig(source=name))
@@ -285,8 +273,6 @@ def check(cfg: TrainConfig) -> None:
 
 def model_config(cfg: ModelConfig):
     """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied."""
-    if cfg.preset in PENDING and cfg.preset not in PRESETS:
-        raise ValueError(f"model {cfg.preset} needs {PENDING[cfg.preset][1]}, not implemented yet (issue #36)")
     config = get_preset(cfg.preset)
     given = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
     for k in given:
