@@ -62,10 +62,12 @@ def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
     if seq_start is not None:
         g = torch.where((pos >= seq_start[:, None].long())[..., None], g, torch.zeros_like(g))
     checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES)
-    c_new = torch.cumsum(g.double(), dim=1)
+    # scanned along the last, contiguous dim: PyTorch's CUDA scan along dim 1 of a (B, T, H) tensor is about
+    # 100x slower (2.9 ms for T = 16k, H = 12 on an H100, most of a 16k-token prefill into a cache)
+    c_new = torch.cumsum(g.double().transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
     if c_last is not None:
         c_new = c_new + c_last.double()[:, None]
-    return c_new.float()
+    return c_new.float().contiguous()
 
 
 def append_to_paged_cache(
