@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 
 import torch
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fox_kernel import forgetting_attention
+from fox_kernel import current_options, forgetting_attention
 
 
 def _flops(B, H, T, D, mode):
@@ -80,9 +79,9 @@ def _fla():
 
 
 def _ours(backward="two-pass", **kw):
+    """Our kernels with the environment's options (FOX_KERNEL_*) but this backward mode."""
     def run(q, k, v, lf):
-        os.environ["FOX_KERNEL_BACKWARD"] = backward  # read by the backward that follows this call
-        return forgetting_attention(q, k, v, lf, **kw)
+        return forgetting_attention(q, k, v, lf, options=current_options().replace(backward=backward), **kw)
     return run
 
 

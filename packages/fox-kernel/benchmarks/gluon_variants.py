@@ -1,4 +1,4 @@
-"""A/B of Gluon tile configurations (rows of ``gluon_attention``'s tile tables) in one process: each
+"""A/B of Gluon tile configurations (rows of ``fox_kernel.ops.gluon.tiles``' tables) in one process: each
 variant's error against float64 at small odd shapes, then forward and forward+backward times at the
 training shapes, variants alternating over ``--rounds`` so that drift of the GPU's clock hits all alike.
 cuDNN SDPA at the same shape is timed beside them for scale, with ``bench_attention.py``'s inputs and timing
@@ -23,11 +23,11 @@ from bench_attention import _flops, _inputs, _ours, _sdpa, _time
 from torch.nn.attention import SDPBackend
 
 from fox_kernel import forgetting_attention
-from fox_kernel.ops import gluon_attention as ga
+from fox_kernel.ops.gluon import tiles as ga
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import max_abs_err, random_log_fgate
 
-# name -> {table of gluon_attention: its row at D=64}; "base" is what the package ships
+# name -> {table of gluon.tiles: its row at D=64}; "base" is what the package ships
 VARIANTS = {
     "base": {},
     "dkdv-s3": {"GLUON_TILES": (64, 128, 3, 240, 24)},

@@ -24,7 +24,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import forgetting_attention
-from fox_kernel.ops.forgetting_attention import AUTO_LOG_EPS, pruning_threshold
+from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, pruning_threshold
 
 
 def host_us(fn, calls: int) -> float:
@@ -73,7 +73,7 @@ def main(argv=None):
 
     cases = {
         "forward op": lambda: fwd(q, k, v, lf, None, None, s, None, None),
-        "forward op, auto pruning": lambda: fwd(q, k, v, lf, None, None, s, None, AUTO_LOG_EPS),
+        "forward op, auto pruning": lambda: fwd(q, k, v, lf, None, None, s, None, DEFAULT_LOG_TOLERANCE),
         "backward op": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, None),
         "backward op, pruning": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, bound),
         "forgetting_attention fwd+bwd (autograd)": fox_autograd,

@@ -2,20 +2,20 @@
 
     python packages/fox-kernel/benchmarks/tune_tiles.py --out tiles.json
 
-The winners go into ``fox_kernel.ops.triton_attention.TILES``.
+The winners go into ``fox_kernel.ops.triton.launch.TILES``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from fox_kernel.ops import triton_attention as ta
+from fox_kernel import KernelOptions
+from fox_kernel.ops.triton import bwd, fwd, launch, sums
 
 CANDIDATES = {
     "fwd": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),
@@ -40,18 +40,21 @@ def main():
     ap.add_argument("--T", type=int, default=16384)
     ap.add_argument("--kinds", default="fwd,dkdv,dq,fused", help="comma-separated passes to sweep")
     args = ap.parse_args()
-    original = ta._config
+    original = launch.config
     chosen = {"fwd": {}, "dkdv": {}, "dq": {}, "fused": {}}
     results = []
     for D in (64, 128):
         B, T, H = 16384 // args.T, args.T, 2048 // D
         q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         lf = F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4)
-        out, lse, _ = ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None)
+        c = sums.prefix_sums(lf, None)
+        options = KernelOptions()
+        out, lse, _ = fwd.forward(q, k, v, c, None, None, D**-0.5, None, None, 0, True, options)
         do = torch.randn_like(q)
+        delta = sums.delta(out, do)
         flops = 4 * B * H * T * T * D / 2
         for kind in args.kinds.split(","):
-            os.environ["FOX_KERNEL_BACKWARD"] = "fused" if kind == "fused" else "two-pass"
+            one_pass = kind == "fused"
             best = None
             for bm, bn, w, st in CANDIDATES[kind]:
                 trial = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
@@ -63,20 +66,22 @@ def main():
                     elif k_ in chosen and D in chosen[k_]:
                         cfg.update(chosen[k_][D])
                     return cfg
-                ta._config = patched
+                launch.config = patched
                 try:
                     if kind == "fwd":
-                        ms = triton.testing.do_bench(lambda: ta.triton_forward(q, k, v, lf, None, None, D**-0.5, None),
-                                                     warmup=25, rep=100, return_mode="median")
+                        ms = triton.testing.do_bench(
+                            lambda: fwd.forward(q, k, v, c, None, None, D**-0.5, None, None, 0, True, options),
+                            warmup=25, rep=100, return_mode="median")
                     else:
                         ms = triton.testing.do_bench(
-                            lambda: ta.triton_backward(do, q, k, v, lf, out, lse, None, None, D**-0.5, None),
+                            lambda: bwd.backward(do, q, k, v, c, lse, delta, None, None, D**-0.5, None, 0, one_pass,
+                                                 options),
                             warmup=25, rep=100, return_mode="median")
                 except Exception as e:  # out of shared memory / registers: not a candidate here
                     print(f"{kind} D={D} {trial}: {type(e).__name__}")
                     continue
                 finally:
-                    ta._config = original
+                    launch.config = original
                 tflops = flops * (1.0 if kind == "fwd" else 2.5) / ms / 1e9
                 results.append(dict(kind=kind, D=D, T=T, **trial, ms=ms, tflops=tflops))
                 print(f"{kind:5s} D={D:3d} BM={bm:3d} BN={bn:3d} w={w} st={st}: {ms:7.3f} ms  {tflops:6.1f} TFLOP/s"

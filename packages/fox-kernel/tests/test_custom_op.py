@@ -61,3 +61,24 @@ def test_compile_fullgraph_with_thresholds():
                                  fullgraph=True, backend="aot_eager")
         with torch.no_grad():
             torch.testing.assert_close(compiled(q, k, v, lf), forgetting_attention(q, k, v, lf, adaptive_threshold=thr))
+
+
+def test_compile_fullgraph_with_options():
+    """Options given to the call or by a kernel_options block are read while tracing: no graph break, and
+    the same result as eager."""
+    from fox_kernel import KernelOptions, kernel_options
+
+    q, k, v, lf = _args("cpu")
+    options = KernelOptions(backward="fused", tma=False)
+    eager = forgetting_attention(q, k, v, lf, options=options).sum()
+    compiled = torch.compile(lambda q, k, v, lf: forgetting_attention(q, k, v, lf, options=options).sum(),
+                             fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v, lf), eager)
+    with kernel_options(fixed_bound=False):
+        compiled = torch.compile(lambda q, k, v, lf: forgetting_attention(q, k, v, lf).sum(), fullgraph=True,
+                                 backend="aot_eager")
+        loss = compiled(q, k, v, lf)
+    grads = torch.autograd.grad(loss, (q, k, v, lf))
+    want = torch.autograd.grad(eager, (q, k, v, lf))
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w)

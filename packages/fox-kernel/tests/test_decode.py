@@ -155,9 +155,9 @@ def test_decode_pruning_of_cache_tiles(device_dtype):
     device, dtype = device_dtype
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from fox_kernel.ops.triton_attention import interpreting
+    from fox_kernel.options import INTERPRET
 
-    if device == "cpu" and not interpreting():
+    if device == "cpu" and not INTERPRET:
         pytest.skip("pruning is a feature of the Triton kernel (CUDA or the interpreter)")
     B, T, H, Hkv, D = 2, 400, 4, 2, 32
     g = torch.Generator().manual_seed(9)
@@ -175,7 +175,7 @@ def test_decode_pruning_of_cache_tiles(device_dtype):
         tol = 2 * torch.exp(torch.tensor(-10.0)).item() * v.abs().max().item() + (1e-5 if dtype == torch.float32 else 2e-2)
         assert (pruned.float() - exact.float()).abs().max().item() <= tol, speed
         # a loose threshold: the kernel must drop exactly the leading tiles the rule names, per (row, KV head)
-        thr, block_n = -0.05, (16 if interpreting() else 64)
+        thr, block_n = -0.05, (16 if INTERPRET else 64)
         loose = forgetting_attention_with_kvcache(q, k, v, c, adaptive_threshold=thr)
         cd, group, skipped = c.double().cpu(), H // Hkv, []
         for b in range(B):

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from fox_kernel import forgetting_attention
+from fox_kernel import KernelOptions, forgetting_attention
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 from fox_kernel.testing import attention_inputs as _inputs
@@ -19,9 +19,9 @@ from fox_kernel.testing import attention_inputs as _inputs
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", grad=True, inputs=None, **kw):
+def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", grad=True, inputs=None, options=None, **kw):
     q, k, v, lf = inputs if inputs is not None else _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed)
-    out = forgetting_attention(q, k, v, lf, **kw)
+    out = forgetting_attention(q, k, v, lf, options=options, **kw)
     exact_in = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
     same_in = [x.detach().clone().requires_grad_() for x in (q, k, v, lf)]
     exact = forgetting_attention_ref(*exact_in, **kw)
@@ -110,7 +110,7 @@ def test_gqa_equals_mha_with_repeated_kv(device_dtype):
 
 @pytest.mark.parametrize("case, D", [("plain", 64), ("plain", 128), ("seq_start_short_queries", 128),
                                      ("varlen", 128), ("pruning", 128)])
-def test_gqa_launch_orders_agree_and_match_the_reference(device_dtype, monkeypatch, case, D):
+def test_gqa_launch_orders_agree_and_match_the_reference(device_dtype, case, D):
     """The dK/dV pass of GQA launches all heads' heaviest blocks first at D=128 (one head's blocks
     together otherwise): both orders give the same gradients, bit for bit, and the reference's, with
     left padding and short queries, packed sequences and pruning too."""
@@ -128,33 +128,31 @@ def test_gqa_launch_orders_agree_and_match_the_reference(device_dtype, monkeypat
     do = torch.randn(B, Tq, 8, D, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     grads = []
     for order in ("blocks", "heads"):
-        monkeypatch.setenv("FOX_KERNEL_ORDER_DKDV", order)
-        grads.append(torch.autograd.grad(forgetting_attention(*inputs, **kw), inputs, do))
+        out = forgetting_attention(*inputs, **kw, options=KernelOptions(order_dkdv=order))
+        grads.append(torch.autograd.grad(out, inputs, do))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
-    monkeypatch.delenv("FOX_KERNEL_ORDER_DKDV")
     if case != "pruning":  # a pruned result is checked against its bound elsewhere, not the exact one
         _check(device, dtype, B=B, Tq=Tq, Tk=T, H=8, Hkv=2, D=D, inputs=inputs, **kw)
 
 
-def test_fixed_bound_softmax_and_its_fallback(device_dtype, monkeypatch):
+def test_fixed_bound_softmax_and_its_fallback(device_dtype):
     """Query tiles whose fixed softmax bound |q_i| max|k| s is far above their scores (large q here)
     must fall back to the online softmax; the rest take the bound. Both against float64, and each
     half against an all-online run: identical where the fallback ran, not identical where it did not."""
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the fixed bound is a Triton forward path")
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")  # (the Gluon forward on Hopper has no fixed bound)
+    options = KernelOptions(gluon=False)  # the Triton forward's fallback, tile by tile
     T = 256
     q, k, v, lf = _inputs(1, T, T, 2, 1, 32, device, dtype, speed="bench", seed=4)
     big = torch.ones(1, T, 1, 1, device=device, dtype=dtype)
     big[:, : T // 2] = 5.0  # 2 |q| max|k| s log2(e) > 120, over the allowed gap; 128 rows: whole tiles
     q = (q.detach() * big).requires_grad_()
-    _check(device, dtype, 1, T, T, 2, 1, 32, speed="bench", inputs=(q, k, v, lf))
+    _check(device, dtype, 1, T, T, 2, 1, 32, speed="bench", inputs=(q, k, v, lf), options=options)
     with torch.no_grad():
-        out = forgetting_attention(q, k, v, lf)
-        monkeypatch.setenv("FOX_KERNEL_FIXED_BOUND", "0")
-        online = forgetting_attention(q, k, v, lf)
+        out = forgetting_attention(q, k, v, lf, options=options)
+        online = forgetting_attention(q, k, v, lf, options=options.replace(fixed_bound=False))
     assert torch.equal(out[:, : T // 2], online[:, : T // 2])
     if dtype == torch.float16:  # float16 never takes the bound
         assert torch.equal(out, online)
@@ -162,8 +160,8 @@ def test_fixed_bound_softmax_and_its_fallback(device_dtype, monkeypatch):
         assert not torch.equal(out[:, T // 2 :], online[:, T // 2 :])
 
 
-@pytest.mark.parametrize("rows", ["0", "1", "2"])
-def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
+@pytest.mark.parametrize("rows", [0, 1, 2])
+def test_fixed_bound_per_row_under_fast_decay(device_dtype, rows):
     """Gates that decay by more than the allowed gap across one query tile (~110 log2 units) and small
     queries: the tile-wide bound is too loose (ROWS 0: the online fallback runs), a per-row bound is
     tight (ROWS 1 always, ROWS 2 for such tiles). The output and the log-sum-exp the backward uses,
@@ -171,19 +169,20 @@ def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the fixed bound is a Triton forward path")
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")  # (the Gluon forward on Hopper has no fixed bound)
-    from fox_kernel.ops.triton_attention import LOG2E, _config
+    from fox_kernel.ops.constants import LOG2E
+    from fox_kernel.ops.triton.launch import config
 
-    monkeypatch.setenv("FOX_KERNEL_FIXED_ROWS", rows)
+    options = KernelOptions(gluon=False, fixed_rows=rows)  # the Triton forward's ways to take the bound
     T, D = 300, 64
     q, k, v, lf = _inputs(1, T, T, 2, 2, D, device, dtype, speed="bench", seed=9)
-    per_token = 110.0 / (_config("fwd", D, dtype, device)["BLOCK_M"] * LOG2E)  # this run's query tiles
+    per_token = 110.0 / (config("fwd", D, dtype, device)["BLOCK_M"] * LOG2E.value)  # this run's query tiles
     g = torch.Generator().manual_seed(10)
     lf = (-per_token * (1 + 0.2 * torch.randn(1, T, 2, generator=g))).clamp(max=-0.01).to(device).requires_grad_()
     q = (q.detach() * 0.3).requires_grad_()
-    _check(device, dtype, 1, T, T, 2, 2, D, inputs=(q, k, v, lf), grad=False)
+    _check(device, dtype, 1, T, T, 2, 2, D, inputs=(q, k, v, lf), grad=False, options=options)
     with torch.no_grad():
-        _, lse, _ = torch.ops.fox_kernel.forgetting_attention_fwd(q, k, v, lf, None, None, D**-0.5, None, None)
+        _, lse, _ = torch.ops.fox_kernel.forgetting_attention_fwd(q, k, v, lf, None, None, D**-0.5, None, None, 0,
+                                                                  options.key)
         c = lf.double().cumsum(1)  # (1, T, H)
         scores = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) * D**-0.5
         scores = scores + c.transpose(1, 2)[..., :, None] - c.transpose(1, 2)[..., None, :]
@@ -196,37 +195,37 @@ def test_fixed_bound_per_row_under_fast_decay(device_dtype, monkeypatch, rows):
     torch.testing.assert_close(lse.double(), want, rtol=0, atol=tol)
 
 
-def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
+def test_varlen_equals_each_sequence_alone(device_dtype):
     device, dtype = device_dtype
     # Packed batches take the pointer loads; the single sequences must too for a bit-exact comparison
-    # (Hopper TMA loads round differently; each path is checked against float64 elsewhere).
-    monkeypatch.setenv("FOX_KERNEL_TMA", "0")
-    # and the two-pass backward: the one-pass form adds dQ with atomics, in no fixed order
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
+    # (Hopper TMA loads round differently; each path is checked against float64 elsewhere); and the
+    # two-pass backward: the one-pass form adds dQ with atomics, in no fixed order
+    options = KernelOptions(tma=False, backward="two-pass")
     lengths = [1, 37, 64, 5, 130]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     total = sum(lengths)
     q, k, v, lf = _inputs(1, total, total, 4, 2, 32, device, dtype)
-    out = forgetting_attention(q, k, v, lf, cu_seqlens=cu)
+    out = forgetting_attention(q, k, v, lf, cu_seqlens=cu, options=options)
     # seeded on the CPU, so a case sees the same dO whichever tests ran before it
     do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
     grads = torch.autograd.grad(out, (q, k, v, lf), do)
     b = cu.tolist()
     for s, e in zip(b[:-1], b[1:]):
         piece = [x.detach()[:, s:e].clone().requires_grad_() for x in (q, k, v, lf)]
-        alone = forgetting_attention(*piece)
+        alone = forgetting_attention(*piece, options=options)
         torch.testing.assert_close(out[:, s:e], alone, rtol=0, atol=0)
         alone_grads = torch.autograd.grad(alone, piece, do[:, s:e])
         for name, g_all, g_one in zip(("dq", "dk", "dv", "dlog_fgate"), grads, alone_grads):
             torch.testing.assert_close(g_all[:, s:e].float(), g_one.float(), rtol=1e-4, atol=1e-4, msg=name)
     # the bounds (softmax and "auto" pruning) are taken per packed sequence, as for each alone
-    pruned = forgetting_attention(q, k, v, lf, cu_seqlens=cu, adaptive_threshold="auto")
+    pruned = forgetting_attention(q, k, v, lf, cu_seqlens=cu, adaptive_threshold="auto", options=options)
     for s, e in zip(b[:-1], b[1:]):
-        alone = forgetting_attention(*(x.detach()[:, s:e] for x in (q, k, v, lf)), adaptive_threshold="auto")
+        alone = forgetting_attention(*(x.detach()[:, s:e] for x in (q, k, v, lf)), adaptive_threshold="auto",
+                                     options=options)
         torch.testing.assert_close(pruned[:, s:e], alone, rtol=0, atol=0)
     for mode in ("two-pass", "fused"):
-        monkeypatch.setenv("FOX_KERNEL_BACKWARD", mode)
-        _check(device, dtype, B=1, Tq=total, Tk=total, H=4, Hkv=2, D=32, cu_seqlens=cu)
+        _check(device, dtype, B=1, Tq=total, Tk=total, H=4, Hkv=2, D=32, cu_seqlens=cu,
+               options=KernelOptions(backward=mode))
 
 
 # The rest of this file runs the default (two-pass) backward; these cases run the one-pass ("fused") one.
@@ -236,51 +235,78 @@ def test_varlen_equals_each_sequence_alone(device_dtype, monkeypatch):
     dict(B=2, Tq=90, Tk=90, H=2, Hkv=2, D=32, seq_start=[0, 17]),
     dict(B=1, Tq=77, Tk=77, H=2, Hkv=2, D=128),
 ])
-def test_fused_backward(device_dtype, monkeypatch, case):
+def test_fused_backward(device_dtype, case):
     device, dtype = device_dtype
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "fused")
     case = dict(case)
     if "seq_start" in case:
         case["seq_start"] = torch.tensor(case["seq_start"], device=device)
-    _check(device, dtype, **case)
+    _check(device, dtype, **case, options=KernelOptions(backward="fused"))
 
 
-def test_backward_mode_is_checked(monkeypatch):
-    from fox_kernel.ops.triton_attention import fused_backward
+def test_backward_mode_is_checked():
+    from fox_kernel.ops.dispatch import one_pass_backward
 
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "fast")
     with pytest.raises(ValueError, match="FOX_KERNEL_BACKWARD"):
-        fused_backward()
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "fused")
-    assert fused_backward()
+        KernelOptions.from_env({"FOX_KERNEL_BACKWARD": "fast"})
+    with pytest.raises(ValueError, match="backward"):
+        KernelOptions(backward="fast")
+    fused = KernelOptions.from_env({"FOX_KERNEL_BACKWARD": "fused"})
+    assert fused == KernelOptions(backward="fused") and one_pass_backward(fused)
     torch.use_deterministic_algorithms(True)
     try:
-        assert not fused_backward()
+        assert not one_pass_backward(fused)
     finally:
         torch.use_deterministic_algorithms(False)
 
 
-def test_gluon_switch_is_checked(monkeypatch):
-    from fox_kernel.ops.gluon_attention import use_gluon
+def test_gluon_switch_is_checked():
+    from fox_kernel.ops.dispatch import Backend, backward_plan, forward_backend
 
-    q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "off")
     with pytest.raises(ValueError, match="FOX_KERNEL_GLUON"):
-        use_gluon(q, None, None)
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "1")
-    assert not use_gluon(q, None, None)  # a CPU tensor never takes the Gluon pass
+        KernelOptions.from_env({"FOX_KERNEL_GLUON": "off"})
+    assert not KernelOptions.from_env({"FOX_KERNEL_GLUON": "0"}).gluon
+    q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)  # a CPU tensor never takes the Gluon kernels
+    want = Backend.TRITON if INTERPRET else Backend.TORCH
+    assert forward_backend(q, q, None, None, False, 0, KernelOptions()) is want
+    assert backward_plan(q, None, None, 0, KernelOptions(backward="fused")) == (want, INTERPRET)
 
+
+def test_options_from_the_environment_and_in_a_block():
+    """Every switch has its variable; a call without options takes the innermost kernel_options block's,
+    and its backward runs with them (the key a call passes through the custom op)."""
+    from fox_kernel import current_options, kernel_options
+    from fox_kernel.options import FixedRows
+
+    env = {"FOX_KERNEL_GLUON": "0", "FOX_KERNEL_BACKWARD": "fused", "FOX_KERNEL_FIXED_BOUND": "0",
+           "FOX_KERNEL_FIXED_ROWS": "1", "FOX_KERNEL_TMA": "0", "FOX_KERNEL_ORDER_FWD": "heads",
+           "FOX_KERNEL_ORDER_DKDV": "blocks", "FOX_KERNEL_ORDER_DQ": "heads"}
+    options = KernelOptions.from_env(env)
+    assert options == KernelOptions(gluon=False, backward="fused", fixed_bound=False, fixed_rows=FixedRows.ROW,
+                                    tma=False, order_fwd="heads", order_dkdv="blocks", order_dq="heads")
+    assert KernelOptions.from_key(options.key) == options
+    assert KernelOptions.from_env({}) == KernelOptions()
+    for name, bad in (("FOX_KERNEL_FIXED_ROWS", "3"), ("FOX_KERNEL_TMA", "no"), ("FOX_KERNEL_ORDER_DQ", "rows")):
+        with pytest.raises(ValueError, match=name):
+            KernelOptions.from_env({name: bad})
+    before = current_options()
+    with kernel_options(backward="fused", tma=False) as inside:
+        assert current_options() == inside == before.replace(backward="fused", tma=False)
+        with kernel_options(options):
+            assert current_options() == options
+        assert current_options() == inside
+    assert current_options() == before
 
 
 def test_gluon_launch_grid_keeps_the_block_axis_in_range():
     """Heads-first launch puts the blocks on the grid's second axis (at most 65,535); past that the kernels
     keep the block-major order rather than fail to launch."""
-    from fox_kernel.ops.gluon_attention import _launch_grid
+    from fox_kernel.ops.gluon.tiles import launch_grid
 
-    assert _launch_grid(86, 12, True) == ((12, 86), True)
-    assert _launch_grid(86, 12, False) == ((86, 12), False)
-    assert _launch_grid(65535, 3, True) == ((3, 65535), True)
-    assert _launch_grid(65536, 3, True) == ((65536, 3), False)
+    assert launch_grid(86, 12, True) == ((12, 86), True)
+    assert launch_grid(86, 12, False) == ((86, 12), False)
+    assert launch_grid(65535, 3, True) == ((3, 65535), True)
+    assert launch_grid(65536, 3, True) == ((65536, 3), False)
+
 
 def test_sm_scale_and_head_first(device_dtype):
     device, dtype = device_dtype
@@ -328,7 +354,7 @@ def test_auto_pruning_bound_of_the_forward(device_dtype, varlen):
     bound ln eps - ln Tk - 2 max|q| max|k| |s| to the backward: that bound against float64 torch, and
     the pruned output within eps of the exact one, on rows whose norms vary (a few large query rows)."""
     device, dtype = device_dtype
-    from fox_kernel.ops.forgetting_attention import pruning_threshold
+    from fox_kernel.pruning import pruning_threshold
 
     B, T, H, Hkv, D = (1, 333, 4, 2, 32) if varlen else (2, 301, 4, 2, 32)
     q, k, v, lf = _inputs(B, T, T, H, Hkv, D, device, dtype, speed="fast", seed=7)
@@ -352,20 +378,22 @@ def test_auto_pruning_bound_of_the_forward(device_dtype, varlen):
 
 
 @pytest.mark.parametrize("mode", ["fused", "two-pass"])
-def test_pruning_in_the_backward_pass(device_dtype, monkeypatch, mode):
+def test_pruning_in_the_backward_pass(device_dtype, mode):
     device, dtype = device_dtype
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", mode)
+    options = KernelOptions(backward=mode)
     # long enough that the range searches cross several vector loads (small tiles in the interpreter)
     q, k, v, lf = _inputs(1, 700, 700, 2, 1, 16, device, dtype, speed="fast", seed=3)
     do = torch.randn_like(q)
-    exact = torch.autograd.grad(forgetting_attention(q, k, v, lf), (q, k, v, lf), do)
-    pruned = torch.autograd.grad(forgetting_attention(q, k, v, lf, adaptive_threshold="auto"), (q, k, v, lf), do)
+    exact = torch.autograd.grad(forgetting_attention(q, k, v, lf, options=options), (q, k, v, lf), do)
+    pruned = torch.autograd.grad(forgetting_attention(q, k, v, lf, adaptive_threshold="auto", options=options),
+                                 (q, k, v, lf), do)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
     for name, a, b in zip(["q", "k", "v", "gates"], exact, pruned):
         scale = a.float().abs().max().item()
         assert (a.float() - b.float()).abs().max().item() <= tol * max(scale, 1.0), name
     # a threshold that drops real weight must change the gradients (the pruned passes really skip work)
-    loose = torch.autograd.grad(forgetting_attention(q, k, v, lf, adaptive_threshold=-0.5), (q, k, v, lf), do)
+    loose = torch.autograd.grad(forgetting_attention(q, k, v, lf, adaptive_threshold=-0.5, options=options),
+                                (q, k, v, lf), do)
     assert max((a.float() - b.float()).abs().max().item() for a, b in zip(exact, loose)) > 0.05
 
 
@@ -373,8 +401,8 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the Triton reduction runs on CUDA or in the interpreter")
-    from fox_kernel.ops.forgetting_attention import pruning_threshold
-    from fox_kernel.ops.triton_attention import max_row_norms
+    from fox_kernel.ops.triton.norms import max_row_norms, max_sq_row_norms
+    from fox_kernel.pruning import auto_threshold, pruning_threshold
 
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(3, 131, 5, 40, generator=g) * torch.rand(3, 131, 5, 1, generator=g) * 4).to(device, dtype)
@@ -384,8 +412,6 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     xt = x.transpose(1, 2).contiguous().transpose(1, 2)
     torch.testing.assert_close(max_row_norms(xt), max_row_norms(x))
     # two tensors in one launch (q and k: other lengths and head counts), and the "auto" bound from them
-    from fox_kernel.ops.triton_attention import auto_threshold, max_sq_row_norms
-
     y = (torch.randn(3, 70, 2, 40, generator=g) * 3).to(device, dtype)
     want_y = torch.linalg.vector_norm(y.double(), dim=-1).amax(dim=1)
     both = max_sq_row_norms(x, y).double()
@@ -411,7 +437,7 @@ def test_local_prefix_sums(device_dtype, varlen):
     device, _ = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the Triton kernel runs on CUDA or in the interpreter")
-    from fox_kernel.ops.triton_attention import local_sums
+    from fox_kernel.ops.triton.sums import local_sums
     from fox_kernel.reference import gate_prefix_sum
 
     g = torch.Generator().manual_seed(7)
@@ -428,7 +454,7 @@ def test_local_prefix_sums(device_dtype, varlen):
         for bos, eos in bounds:
             for p in range(eos - bos):
                 a = 0 if p < origin else origin + (p - origin) // seg * seg
-                want[..., bos + p] = (c[..., bos + p] - c[..., bos + a]) * 1.4426950408889634
+                want[..., bos + p] = (c[..., bos + p] - c[..., bos + a]) * math.log2(math.e)
         torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
         assert got.abs().max() > 0.5  # gates are fast: the sums within a tile are far from zero
 
@@ -441,7 +467,7 @@ def test_gate_prefix_and_suffix_sum_kernels(device_dtype, T, Tq, padded):
     device, _ = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the Triton kernels run on CUDA or in the interpreter")
-    from fox_kernel.ops.triton_attention import triton_gate_grad, triton_prefix_sums
+    from fox_kernel.ops.triton.sums import prefix_sums, suffix_sums
 
     g = torch.Generator().manual_seed(11)
     B, H = 2, 3
@@ -451,7 +477,7 @@ def test_gate_prefix_and_suffix_sum_kernels(device_dtype, T, Tq, padded):
     if padded:
         keep[1, : int(seq_start[1])] = 0
     want_c = torch.cumsum(lf.double().cpu() * keep[..., None], dim=1).transpose(1, 2)
-    c = triton_prefix_sums(lf, seq_start)
+    c = prefix_sums(lf, seq_start)
     assert c.dtype == torch.float64 and c.shape == (B, H, T)
     torch.testing.assert_close(c.cpu(), want_c, rtol=1e-12, atol=1e-9)
 
@@ -460,7 +486,7 @@ def test_gate_prefix_and_suffix_sum_kernels(device_dtype, T, Tq, padded):
     total = dc.double().cpu().clone()
     total[..., T - Tq :] += dc_row.double().cpu()
     want = torch.flip(torch.cumsum(torch.flip(total, [-1]), -1), [-1]).transpose(1, 2) * keep[..., None]
-    got = triton_gate_grad(dc, dc_row, seq_start)
+    got = suffix_sums(dc, dc_row, seq_start)
     assert got.dtype == torch.float32 and got.shape == (B, T, H) and got.is_contiguous()
     torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
     assert want.abs().max() > 1.0

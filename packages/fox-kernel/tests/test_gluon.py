@@ -4,8 +4,9 @@ reference and the Triton kernels."""
 import pytest
 import torch
 
-from fox_kernel import forgetting_attention
-from fox_kernel.ops.gluon_attention import GLUON_ONE_PASS_DIMS, gluon_kernels, use_gluon
+from fox_kernel import KernelOptions, forgetting_attention
+from fox_kernel.ops import dispatch, gluon
+from fox_kernel.ops.gluon.tiles import GLUON_ONE_PASS_DIMS
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _hopper_with_gluon():
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon_kernels() is not None
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and gluon.available()
 
 
 @pytest.fixture(autouse=True)
@@ -53,20 +54,18 @@ def _reference(inputs, do):
     (2, 333, 1000, 4, 2, "fast"),    # queries shorter than keys, GQA
     (1, 5, 300, 4, 4, "fast"),       # a few queries: every query block cut by its end
 ])
-def test_gluon_matches_reference_and_triton(monkeypatch, backward, D, dtype, B, Tq, Tk, H, Hkv, speed):
+def test_gluon_matches_reference_and_triton(backward, D, dtype, B, Tq, Tk, H, Hkv, speed):
     """Output and gradients of the Gluon kernels (two-pass backward, or at D=64 the one-pass backward)
     against float64 and the reference in the inputs' type, and no further from float64 than the Triton
     kernels' (two passes)."""
     if backward == "fused" and D not in GLUON_ONE_PASS_DIMS:
         pytest.skip("the Gluon one-pass backward is for D=64")
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed=Tq + H)
-    assert use_gluon(inputs[0], None, None)
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", backward)
-    out = forgetting_attention(*inputs)
+    options = KernelOptions(backward=backward)
+    assert dispatch.backward_plan(inputs[0], None, None, 0, options) == (dispatch.Backend.GLUON, backward == "fused")
+    out = forgetting_attention(*inputs, options=options)
     grads = torch.autograd.grad(out, inputs, do)
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
-    triton_out = forgetting_attention(*inputs)
+    triton_out = forgetting_attention(*inputs, options=KernelOptions(gluon=False))
     triton_grads = torch.autograd.grad(triton_out, inputs, do)
     exact, same = _reference(inputs, do)
     names = ("out", "dq", "dk", "dv", "dlog_fgate")
@@ -79,7 +78,7 @@ def test_gluon_matches_reference_and_triton(monkeypatch, backward, D, dtype, B, 
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("regime", ["tile bound", "row bounds", "online"])
-def test_gluon_forward_bound_regimes(monkeypatch, D, regime):
+def test_gluon_forward_bound_regimes(D, regime):
     """The Gluon forward's three ways per consumer warpgroup: one fixed softmax bound for its rows (slow
     gates), one per row (gates decaying by far more than the gap across the rows) and the online softmax
     (query norms too large for any bound), against float64 and the Triton forward (online there)."""
@@ -95,9 +94,7 @@ def test_gluon_forward_bound_regimes(monkeypatch, D, regime):
     lf = lf.cuda()
     with torch.no_grad():
         out = forgetting_attention(q, k, v, lf)
-        monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
-        monkeypatch.setenv("FOX_KERNEL_FIXED_BOUND", "0")
-        out_triton = forgetting_attention(q, k, v, lf)
+        out_triton = forgetting_attention(q, k, v, lf, options=KernelOptions(gluon=False, fixed_bound=False))
         exact = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
         same = forgetting_attention_ref(q, k, v, lf)
     assert_close_to_reference(out, exact, same, name="out", factor=3.0)
@@ -129,7 +126,7 @@ def test_gluon_reads_strided_and_head_first_inputs():
 @pytest.mark.parametrize("backward", ["two-pass", "fused"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("Tq", [1500, 732])
-def test_gluon_with_pruning(monkeypatch, backward, D, Tq):
+def test_gluon_with_pruning(backward, D, Tq):
     """Pruned key/query block pairs are skipped: within the bound's tolerance of the exact gradients, a
     loose threshold really changes them, and the Triton passes (other tiles) agree to the same tolerance.
     Tq < Tk: the dQ pass's table of kept ranges has a column per key-length block, more than its grid.
@@ -138,16 +135,14 @@ def test_gluon_with_pruning(monkeypatch, backward, D, Tq):
     if backward == "fused" and D not in GLUON_ONE_PASS_DIMS:
         pytest.skip("the Gluon one-pass backward is for D=64")
     inputs, do = _inputs(1, Tq, 1500, 4, 2, D, torch.bfloat16, "fast", seed=5)
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", backward)
+    options = KernelOptions(backward=backward)
 
-    def outputs(**kw):
-        out = forgetting_attention(*inputs, **kw)
+    def outputs(options=options, **kw):
+        out = forgetting_attention(*inputs, options=options, **kw)
         return (out.detach(), *torch.autograd.grad(out, inputs, do))
 
     exact, pruned, loose = outputs(), outputs(adaptive_threshold="auto"), outputs(adaptive_threshold=-0.5)
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", "two-pass")
-    monkeypatch.setenv("FOX_KERNEL_GLUON", "0")
-    pruned_triton = outputs(adaptive_threshold="auto")
+    pruned_triton = outputs(KernelOptions(gluon=False), adaptive_threshold="auto")
     for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
         scale = max(e.float().abs().max().item(), 1.0)
         assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name

@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-from fox_kernel import forgetting_attention, forgetting_attention_with_kvcache
-from fox_kernel.ops.forgetting_attention import pruning_threshold
+from fox_kernel import KernelOptions, forgetting_attention, forgetting_attention_with_kvcache
+from fox_kernel.pruning import pruning_threshold
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 from fox_kernel.testing import attention_inputs as _inputs
@@ -28,7 +28,7 @@ def _check(device, dtype, B, Tq, Tk, H, Hkv, D, speed="fast", inputs=None, **kw)
     floor = 2.0**-7 if dtype in (torch.bfloat16, torch.float16) else 2e-6
     q, k, v, lf = inputs if inputs is not None else _inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed)
     out = forgetting_attention(q, k, v, lf, **kw)
-    ref_kw = {key: val for key, val in kw.items() if key != "adaptive_threshold"}
+    ref_kw = {key: val for key, val in kw.items() if key not in ("adaptive_threshold", "options")}
     exact_in = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
     same_in = [x.detach().clone().requires_grad_() for x in (q, k, v, lf)]
     exact = forgetting_attention_ref(*exact_in, **ref_kw)
@@ -179,11 +179,10 @@ def test_window_decode(device_dtype, Tq, paged):
 
 
 @pytest.mark.parametrize("mode", ["fused", "two-pass"])
-@pytest.mark.parametrize("fixed", ["0", "1"])
-def test_window_backward_modes_and_softmax_forms(device_dtype, monkeypatch, mode, fixed):
+@pytest.mark.parametrize("fixed", [False, True])
+def test_window_backward_modes_and_softmax_forms(device_dtype, mode, fixed):
     """The one-pass backward (dQ added in from the dK/dV programs) and both forward softmax forms (online,
     fixed bound) with a window that ends inside the diagonal tiles and one that spans several tiles."""
-    monkeypatch.setenv("FOX_KERNEL_BACKWARD", mode)
-    monkeypatch.setenv("FOX_KERNEL_FIXED_BOUND", fixed)
+    options = KernelOptions(backward=mode, fixed_bound=fixed)
     for W in (7, 45):
-        _check(*device_dtype, B=2, Tq=140, Tk=140, H=2, Hkv=1, D=64, window_size=W)
+        _check(*device_dtype, B=2, Tq=140, Tk=140, H=2, Hkv=1, D=64, window_size=W, options=options)

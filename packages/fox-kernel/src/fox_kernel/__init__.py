@@ -1,18 +1,26 @@
 """fox-kernel: Forgetting Attention (FoX) kernels for PyTorch.
 
 ``forgetting_attention`` runs Triton kernels on CUDA and a chunked PyTorch twin on the CPU;
-``fox_kernel.reference.forgetting_attention_ref`` is the plain materialised reference.
+``fox_kernel.reference.forgetting_attention_ref`` is the plain materialised reference. ``KernelOptions``
+steers the GPU kernels (default: the ``FOX_KERNEL_*`` environment variables); ``fox_kernel.pruning``
+holds the bound of adaptive computation pruning.
 """
 
 from fox_kernel.decode import append_to_cache, append_to_paged_cache, forgetting_attention_with_kvcache
-from fox_kernel.ops import forgetting_attention, pruning_threshold
+from fox_kernel.ops import forgetting_attention
+from fox_kernel.options import KernelOptions, current_options, kernel_options
+from fox_kernel.pruning import AutoThreshold, pruning_threshold
 
 __version__ = "0.1.0"
 __all__ = [
+    "AutoThreshold",
+    "KernelOptions",
     "append_to_cache",
     "append_to_paged_cache",
+    "current_options",
     "forgetting_attention",
     "forgetting_attention_with_kvcache",
+    "kernel_options",
     "pruning_threshold",
     "__version__",
 ]

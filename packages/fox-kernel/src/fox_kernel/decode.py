@@ -8,7 +8,7 @@ over it. The cache here is a set of plain tensors grown by ``append_to_cache``:
 Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. They may
 also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pages per row) of page
 indices, filled by ``append_to_paged_cache``. On CUDA
-(and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton_decode.py``); otherwise a
+(and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton/decode.py``); otherwise a
 PyTorch implementation, chunked over queries so a long chunked prefill never holds more than
 (B, H, chunk, T) scores.
 """
@@ -17,17 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from fox_kernel.ops import checks
+from fox_kernel.ops import checks, dispatch
 
 _CHUNK_ELEMENTS = 1 << 26
 # why a gate of exactly 0 is refused (on CPU tensors; see checks.values_checkable)
 _NO_ZERO_GATES = "a cache of plain prefix sums c cannot represent it (c_i - c_j would be -inf - -inf)"
-
-
-def _interpreting() -> bool:
-    from fox_kernel.ops.triton_attention import interpreting
-
-    return interpreting()
 
 
 def append_to_cache(
@@ -221,7 +215,7 @@ def forgetting_attention_with_kvcache(
                              f"v {tuple(v_cache.shape)}, c {tuple(c_cache.shape)}")
         paged = block_table
         # the checks below and the CPU path see the rows as contiguous caches
-        if not ((q.is_cuda or _interpreting()) and q.dtype != torch.float64):
+        if not (dispatch.runs_triton(q) and q.dtype != torch.float64):
             k_cache, v_cache, c_cache = (_gather_pages(x, block_table) for x in (k_cache, v_cache, c_cache))
             paged = None
     T = k_cache.shape[1] * (paged.shape[1] if paged is not None else 1)
@@ -240,14 +234,14 @@ def forgetting_attention_with_kvcache(
     thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
     window = checks.check_window_size(window_size, T)
     scale = D**-0.5 if sm_scale is None else sm_scale
-    if (q.is_cuda or _interpreting()) and q.dtype != torch.float64:
-        from fox_kernel.ops.triton_decode import triton_decode
+    if dispatch.runs_triton(q) and q.dtype != torch.float64:
+        from fox_kernel.ops.triton.decode import decode
 
         lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
         starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
-        return triton_decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
+        return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
                              thresh, window)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     group = H // Hkv

@@ -1,30 +1,18 @@
 """The public Forgetting Attention op: argument checks, layout handling and a torch.library custom op.
 
-``forgetting_attention`` dispatches on the device: CUDA tensors run the Triton kernels; CPU tensors run
-the chunked PyTorch twin, or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``.
-Both directions are custom ops with fake implementations, so ``torch.compile(fullgraph=True)`` traces
-through them.
+``dispatch`` chooses what runs: the Triton or Gluon kernels on CUDA, the chunked PyTorch twin on the CPU
+(or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``). Both directions are custom
+ops with fake implementations, so ``torch.compile(fullgraph=True)`` traces through them; the kernel
+options travel through them as one string (``KernelOptions.key``).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from fox_kernel.ops import checks
-from fox_kernel.ops.chunked import chunked_backward, chunked_forward
-
-# ln(eps) of the pruning bound used by adaptive_threshold="auto" (FOX.md section 1).
-AUTO_LOG_EPS = -10.0
-
-
-def _use_triton(x: torch.Tensor) -> bool:
-    if x.is_cuda:
-        return True
-    from fox_kernel.ops.triton_attention import interpreting
-
-    return interpreting() and x.dtype != torch.float64
+from fox_kernel.ops import checks, dispatch
+from fox_kernel.options import KernelOptions, current_options
+from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, AutoThreshold
 
 
 @torch.library.custom_op("fox_kernel::forgetting_attention_fwd", mutates_args=())
@@ -39,27 +27,21 @@ def _fwd_op(
     threshold: torch.Tensor | None,
     auto_log_eps: float | None,
     window: int = 0,
+    options: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, auto bound): with ``auto_log_eps`` the per-head "auto" bound (rows, H) for the
     backward (the Triton forward prunes each query tile by its own rows' norms); otherwise an empty
-    tensor (the backward takes ``threshold`` from the inputs). ``window``: the sliding window, 0 for none."""
-    if _use_triton(q):
-        from fox_kernel.ops.triton_attention import triton_forward
-
-        out, lse, threshold = triton_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold,
-                                             auto_log_eps, window)
-    else:
-        if auto_log_eps is not None:
-            threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
-        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window)
-        out = out.contiguous()
+    tensor (the backward takes ``threshold`` from the inputs). ``window``: the sliding window, 0 for none;
+    ``options``: ``KernelOptions.key`` ("" for the current options)."""
+    out, lse, threshold = dispatch.forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold,
+                                           auto_log_eps, window, KernelOptions.from_key(options))
     if auto_log_eps is None:  # not an input as it is, nor None: a custom op may return neither
         threshold = q.new_empty(0, dtype=torch.float32)
     return out, lse, threshold
 
 
 @_fwd_op.register_fake
-def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window=0):
+def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window=0, options=""):
     B, Tq, H, _ = q.shape
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     bound = q.new_empty((rows, H) if auto_log_eps is not None else (0,), dtype=torch.float32)
@@ -80,81 +62,46 @@ def _bwd_op(
     sm_scale: float,
     threshold: torch.Tensor | None,
     window: int = 0,
+    options: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if _use_triton(q):
-        from fox_kernel.ops.triton_attention import triton_backward
-
-        grads = triton_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold,
-                                window)
-    else:
-        grads = chunked_backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold,
-                                 window)
+    grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window,
+                              KernelOptions.from_key(options))
     return tuple(g.contiguous() for g in grads)
 
 
 @_bwd_op.register_fake
-def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window=0):
+def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window=0, options=""):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), log_fgate.new_empty(log_fgate.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, *window = inputs
+    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, *rest = inputs
     out, lse, auto_bound = output
     if auto_log_eps is not None:
         threshold = auto_bound
     ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold)
     ctx.sm_scale = sm_scale
-    ctx.window = window[0] if window else 0
+    ctx.window = rest[0] if rest else 0
+    # the backward runs with the forward call's options ("" resolved now, not when the backward runs)
+    ctx.options = rest[1] if len(rest) > 1 and rest[1] else current_options().key
 
 
 def _backward(ctx, dout, _dlse, _dbound):
     q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
     dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold,
-                             ctx.window)
-    return dq, dk, dv, dg, None, None, None, None, None, None
+                             ctx.window, ctx.options)
+    return dq, dk, dv, dg, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
-
-
-def pruning_threshold(q, k, sm_scale, t_k, log_eps=AUTO_LOG_EPS, rows=None):
-    """The ACP bound delta = -(2U + ln Tk) + ln eps with U = max|q| max|k| s per (row, head).
-
-    q (B, Tq, H, D), k (B, Tk, Hkv, D); rows: (N+1,) cu_seqlens to bound each packed sequence alone.
-    Returns (B or N, H) float32.
-    """
-    group = q.shape[2] // k.shape[2]
-    if rows is None and q.is_cuda and k.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1:
-        # one read of q and k by a Triton reduction (torch's norm over a 64-128 wide axis is ~5x slower),
-        # and the bound in a second launch: with torch ops in between it took ~200 us at T=16k on an H200
-        from fox_kernel.ops.triton_attention import auto_threshold
-
-        return auto_threshold(q, k, sm_scale, t_k, log_eps)
-    # Norms in float32 without materialising float32 copies of q and k.
-    acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
-    qn = torch.linalg.vector_norm(q, dim=-1, dtype=acc)  # (B, Tq, H)
-    kn = torch.linalg.vector_norm(k, dim=-1, dtype=acc).repeat_interleave(group, dim=-1)
-    if rows is None:
-        return _threshold_from_norms(qn.amax(dim=1), kn.amax(dim=1), sm_scale, t_k, log_eps).contiguous()
-    bounds = rows.tolist()
-    per_seq = []
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        per_seq.append(_threshold_from_norms(qn[0, s:e].amax(dim=0), kn[0, s:e].amax(dim=0), sm_scale, e - s,
-                                             log_eps))
-    return torch.stack(per_seq).contiguous()
-
-
-def _threshold_from_norms(q_max, k_max, sm_scale, t_k, log_eps=AUTO_LOG_EPS):
-    """delta = -(2U + ln Tk) + ln eps from the largest q and k norms (float32, U = q_max k_max s)."""
-    u = q_max.float() * k_max.float() * abs(sm_scale)  # bounds |score|: the sign of the scale does not matter
-    return -(2 * u + math.log(max(t_k, 1))) + log_eps
 
 
 def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
     n_rows = q.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     H = q.shape[2]
     if isinstance(adaptive_threshold, str):  # "auto" is taken by the forward op itself
-        raise ValueError(f'adaptive_threshold must be None, a number, a tensor or "auto", got {adaptive_threshold!r}')
+        raise ValueError(f'adaptive_threshold must be None, a number, a tensor, "auto" or an AutoThreshold, got '
+                         f'{adaptive_threshold!r}')
     if isinstance(adaptive_threshold, (int, float)):
         checks.check_threshold_number(float(adaptive_threshold))
         return torch.full((n_rows, H), float(adaptive_threshold), dtype=torch.float32, device=q.device)
@@ -167,6 +114,11 @@ def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
         ) from None
     checks.check_threshold_tensor(adaptive_threshold)
     return t.contiguous()
+
+
+@torch.compiler.assume_constant_result  # read while tracing; a compiled graph keeps the options it saw
+def _options_key(options: KernelOptions | None) -> str:
+    return (options if options is not None else current_options()).key
 
 
 def _refuse_zero_gates(log_fgate, seq_start):
@@ -192,6 +144,7 @@ def forgetting_attention(
     adaptive_threshold=None,
     cu_seqlens: torch.Tensor | None = None,
     window_size: int | None = None,
+    options: KernelOptions | None = None,
 ) -> torch.Tensor:
     """Causal softmax attention with a per-head forget gate (Forgetting Attention).
 
@@ -207,8 +160,9 @@ def forgetting_attention(
             their gates do not count, padded query rows return 0.
         sm_scale: score scale, default ``D ** -0.5``.
         adaptive_threshold: skip blocks whose decay bias ``c_i - c_j`` stays below this (log space): None,
-            a finite negative number, a tensor broadcastable to (B, H), or "auto" for the bound with
-            eps = e^-10 (FOX.md section 1; the Triton forward takes it per query tile from that tile's own
+            a finite negative number, a tensor broadcastable to (B, H), ``pruning.AutoThreshold(ln eps)``
+            for the bound from the q/k norms with that tolerance, or "auto" for it with eps = e^-10
+            (``fox_kernel.pruning``; the Triton forward takes it per query tile from that tile's own
             query norms, which is at least as tight, and the backward per head). A tensor's values are
             checked on the CPU only (reading a CUDA tensor would wait for the GPU).
         cu_seqlens: (N + 1,) int32 cumulative lengths of sequences packed into batch 1.
@@ -216,6 +170,8 @@ def forgetting_attention(
             i - W < j <= i (flash-linear-attention's convention; W = 1 is the token itself). None, or
             W >= Tk, is full causal attention. Key tiles wholly outside the window are never read, so the
             cost grows with T * W. With log gates of 0 it is plain sliding-window attention.
+        options: ``KernelOptions`` of the GPU kernels (default ``current_options()``: the environment's
+            ``FOX_KERNEL_*`` switches); the backward runs with the same.
 
     Returns:
         Tensor shaped like q.
@@ -260,7 +216,7 @@ def forgetting_attention(
     if seq_start is not None:
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
-    if _use_triton(q) and checks.values_checkable(log_fgate):
+    if dispatch.runs_triton(q) and checks.values_checkable(log_fgate):
         _refuse_zero_gates(log_fgate, seq_start)
     window = checks.check_window_size(window_size, Tk)
     if sm_scale is None:
@@ -268,8 +224,12 @@ def forgetting_attention(
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = None, None
     if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
-        auto_log_eps = AUTO_LOG_EPS  # taken inside the forward (no separate pass over q and k)
+        auto_log_eps = DEFAULT_LOG_TOLERANCE  # taken inside the forward (no separate pass over q and k)
+    elif isinstance(adaptive_threshold, AutoThreshold):
+        auto_log_eps = float(adaptive_threshold.log_pruning_tolerance)
     elif adaptive_threshold is not None:
         threshold = _threshold_tensor(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
-    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window)
+    key = _options_key(options)
+    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window,
+                        key)
     return out.transpose(1, 2) if head_first else out

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_kernel.ops.triton_attention import LOG2E, _scan, interpreting
+from fox_kernel.ops.constants import LOG2E
+from fox_kernel.ops.triton import launch
 
 
 @triton.jit
@@ -52,15 +53,18 @@ def _tile_rows(b, n0, kn, mask, BT, stride_btb, page_size, PAGED: tl.constexpr, 
 @triton.jit
 def _decode_kernel(
     Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size, THRESH, H,
-    stride_qb, stride_qt, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
-    stride_cb, stride_ct,
+    q_strides, k_strides, v_strides, c_strides,
     B, HKV, TQ, Q0, ROWS, D, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr, HAS_THRESH: tl.constexpr,
     SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
+    """One slice of the cache for one key/value head of one sequence, every query head of the group and
+    every new token at once: the unnormalised output, running maximum and sum, merged by _merge_kernel."""
+    stride_qb, stride_qt, stride_qh = q_strides
+    stride_kb, stride_kt, stride_kh = k_strides
+    stride_vb, stride_vt, stride_vh = v_strides
+    stride_cb, stride_ct = c_strides
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HKV
@@ -121,7 +125,7 @@ def _decode_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
         c_k = tl.load(C + (t_row * stride_cb + t_slot * stride_ct)[None, :] + h[:, None],
                       mask=valid[:, None] & mask_n[None, :], other=0.0)
-        s += (c_q[:, None] - c_k) * 1.4426950408889634
+        s += (c_q[:, None] - c_k) * LOG2E
         keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
         if HAS_WINDOW:
             keep = keep & (kn[None, :] > pos[:, None] - WINDOW)
@@ -141,11 +145,12 @@ def _decode_kernel(
 
 
 @triton.jit
-def _merge_kernel(ACC, M, L, O, stride_ob, stride_ot, stride_oh, B, HKV, Q0, ROWS, D, SPLITS,
+def _merge_kernel(ACC, M, L, O, o_strides, B, HKV, Q0, ROWS, D, SPLITS,
                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """Merge the slices of one (sequence, KV head) into the output rows of its query heads: weights
     2^(m_s - max_s m_s); rows that saw no key keep l = 0 and give 0. One launch (a chain of PyTorch ops
     here cost more host time than the whole kernel once pruning shortens it)."""
+    stride_ob, stride_ot, stride_oh = o_strides
     pid_bh = tl.program_id(0)
     b = pid_bh // HKV
     hk = pid_bh % HKV
@@ -169,14 +174,14 @@ def _merge_kernel(ACC, M, L, O, stride_ob, stride_ot, stride_oh, B, HKV, Q0, ROW
 
 
 def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
-    if interpreting() or device.type != "cuda":
+    if launch.INTERPRET or device.type != "cuda":
         return max(1, min(4, triton.cdiv(t_max, block_n)))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(triton.cdiv(2 * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
 
 
-def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None,
-                  threshold=None, window=0):
+def decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None, threshold=None,
+           window=0):
     """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
     With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...)."""
     B, Tq, H, D = q.shape
@@ -184,8 +189,8 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
     page_size = k_cache.shape[1]
     Tmax = page_size * block_table.shape[1] if block_table is not None else k_cache.shape[1]
     group = H // Hkv
-    block_d = max(16, triton.next_power_of_2(D))
-    block_n = 16 if interpreting() or not q.is_cuda else 64
+    block_d = launch.block_d(D)
+    block_n = 16 if launch.INTERPRET or not q.is_cuda else 64
     rows_per_launch = max(1, 64 // group)
     splits = _num_splits(q.device, B * Hkv, Tmax, block_n)
     out = torch.empty_like(q)
@@ -197,19 +202,18 @@ def triton_decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_sca
         lsum = torch.empty_like(m)
         _decode_kernel[(splits, B * Hkv)](
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
-            cache_seqlens if block_table is None else block_table, 0 if block_table is None else block_table.stride(0),
+            block_table, 0 if block_table is None else block_table.stride(0),
             page_size, threshold, H,
-            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), c_cache.stride(0), c_cache.stride(1),
-            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E, window,
+            launch.strides(q), launch.strides(k_cache), launch.strides(v_cache), launch.strides(c_cache, 2),
+            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E.value, window,
             HAS_WINDOW=window > 0, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
-            PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=_scan(),
+            PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=launch.scan(),
             TILE_IN_PAGE=page_size % block_n == 0,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            PRECISION=launch.precision(q.dtype),
             num_warps=4, num_stages=2 if q.is_cuda else 1,
         )
         _merge_kernel[(B * Hkv,)](
-            acc, m, lsum, out, out.stride(0), out.stride(1), out.stride(2), B, Hkv, q0, rows, D, splits,
+            acc, m, lsum, out, launch.strides(out), B, Hkv, q0, rows, D, splits,
             GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4,
         )
     return out

@@ -1,0 +1,137 @@
+"""Which code runs a call: the PyTorch path, the Triton kernels or the Gluon kernels, and which backward.
+
+* The device path (``runs_triton``): CUDA tensors run the GPU kernels; CPU tensors the chunked PyTorch
+  twin (``chunked.py``), or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``
+  (float32; float64 always takes the PyTorch path).
+* The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
+  (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``
+  or a window, a Triton with Gluon), else the Triton kernels.
+* The backward mode: two passes (dK/dV, then dQ; bit-reproducible) or one pass adding dQ in with atomics
+  (``KernelOptions.backward="fused"``, never under ``torch.use_deterministic_algorithms``).
+
+The backend modules are imported on first use, so ``import fox_kernel`` loads no kernel (and no Gluon).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from fox_kernel.ops.chunked import chunked_backward, chunked_forward
+from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
+from fox_kernel.options import INTERPRET, KernelOptions
+from fox_kernel.pruning import pruning_threshold
+
+
+class Backend(enum.Enum):
+    TORCH = "torch"
+    """The chunked PyTorch twin (CPU)."""
+    TRITON = "triton"
+    GLUON = "gluon"
+    """Hopper only, warp-specialised."""
+
+
+def runs_triton(x: torch.Tensor) -> bool:
+    """Whether ``x``'s call runs Triton kernels: on CUDA, or in the interpreter (not for float64)."""
+    return x.is_cuda or (INTERPRET and x.dtype != torch.float64)
+
+
+def _gluon_applies(q, seq_start, cu_seqlens, window, options: KernelOptions) -> bool:
+    if not options.gluon or INTERPRET or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
+        return False
+    if seq_start is not None or cu_seqlens is not None or window:
+        return False
+    from fox_kernel.ops import gluon
+
+    return gluon.available()
+
+
+def fixed_bound_softmax(dtype: torch.dtype, options: KernelOptions) -> bool:
+    """Whether the forward may run a query tile's softmax against a fixed bound (``triton/fwd.py``). Not for
+    float16: its probabilities, as small as 2^-FIXED_BOUND_GAP, would leave float16's range (bfloat16 and
+    float32 share float32's exponent)."""
+    return dtype != torch.float16 and options.fixed_bound
+
+
+def forward_backend(q, k, seq_start, cu_seqlens, pruned: bool, window, options: KernelOptions) -> Backend:
+    """The forward's backend. With pruning, the Triton forward takes each query tile's own "auto" bound
+    (tighter than the Gluon forward's per-head one) and needs fewer launches: at D=64 it stays there past
+    GLUON_FWD_MAX_KEYS (the pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100:
+    fox-train/benchmarks/forward-ab-h100-s16-125m.json), as does the online softmax (Triton's fixed bound
+    is faster on long sequences at D=64)."""
+    if not runs_triton(q):
+        return Backend.TORCH
+    if not _gluon_applies(q, seq_start, cu_seqlens, window, options):
+        return Backend.TRITON
+    limit = GLUON_FWD_MAX_KEYS[q.shape[-1]]
+    any_length = fixed_bound_softmax(q.dtype, options) and not pruned
+    return Backend.GLUON if any_length or limit is None or k.shape[1] <= limit else Backend.TRITON
+
+
+def one_pass_backward(options: KernelOptions) -> bool:
+    """Whether the backward may run as one pass (see ``KernelOptions.backward``). Two passes are the default:
+    on an H200 (Triton 3.6, T=16k, H*D=2048, bf16) the Triton one pass, best of seven tiles, took 12.35 ms
+    vs 11.78 ms at D=64 (10.65 ms since the dQ pass's 64x64 tiles) and 11.9 ms vs 7.9 ms at D=128
+    (fused-backward-tiles-h200-s9.json); the Gluon one pass (the dK/dV kernel adding dQ in with TMA
+    reductions) on an H100 (results-h100-s15-quick.json, T=16k, D=64): 3.08 vs 2.88-2.91 ms at H=12,
+    5.94-5.99 vs 5.81-5.86 ms at H=24, 2.53-2.56 vs 2.31 ms at T=8k with GQA 32/8."""
+    return options.backward == "fused" and not torch.are_deterministic_algorithms_enabled()
+
+
+def backward_plan(q, seq_start, cu_seqlens, window, options: KernelOptions) -> tuple[Backend, bool]:
+    """(backend, one pass) of the backward."""
+    if not runs_triton(q):
+        return Backend.TORCH, False
+    if _gluon_applies(q, seq_start, cu_seqlens, window, options):
+        # the Gluon one pass holds float32 dQ tiles in shared memory: GLUON_ONE_PASS_DIMS only
+        return Backend.GLUON, one_pass_backward(options) and q.shape[-1] in GLUON_ONE_PASS_DIMS
+    return Backend.TRITON, one_pass_backward(options)
+
+
+def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
+    """(out, lse, threshold): ``threshold`` as given, or with ``auto_log_eps`` the (rows, H) "auto" bound the
+    backward uses. Tensors in the kernel layout (see ``chunked.py``)."""
+    backend = forward_backend(q, k, seq_start, cu_seqlens, threshold is not None or auto_log_eps is not None, window,
+                              options)
+    if backend is Backend.TORCH:
+        if auto_log_eps is not None:
+            threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
+        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window)
+        return out.contiguous(), lse, threshold
+    from fox_kernel.ops.triton import sums
+
+    c = sums.prefix_sums(log_fgate, seq_start)
+    fixed = fixed_bound_softmax(q.dtype, options)
+    if backend is Backend.GLUON:
+        from fox_kernel.ops.gluon import host
+
+        return host.forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed)
+    from fox_kernel.ops.triton import fwd
+
+    return fwd.forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, fixed, options)
+
+
+def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window, options):
+    """(dq, dk, dv, dlog_fgate)."""
+    backend, one_pass = backward_plan(q, seq_start, cu_seqlens, window, options)
+    if backend is Backend.TORCH:
+        return chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window)
+    from fox_kernel.ops.triton import sums
+
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    c = sums.prefix_sums(log_fgate, seq_start)
+    delta = sums.delta(out, do)
+    if backend is Backend.GLUON:
+        from fox_kernel.ops.gluon import host
+
+        dq, dk, dv, dc, dc_row = host.backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass)
+    else:
+        from fox_kernel.ops.triton import bwd
+
+        dq, dk, dv, dc, dc_row = bwd.backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, threshold,
+                                              window, one_pass, options)
+    return dq, dk, dv, sums.gate_grad(dc, dc_row, seq_start, cu_seqlens)

@@ -1,0 +1,125 @@
+"""What the Gluon dQ pass and forward share: one program owns BLOCK_M queries of one head and walks the
+key blocks they see; a loader partition streams K and V tiles (and each key block's column term of the
+bias) through a ring of shared-memory slots, consumer warpgroups own the query rows. Same bias split as
+the Triton passes: measured from ``c`` at the query block's first position, keys through the float32
+local sums of BLOCK_N-long tiles plus one float64 offset per tile. Also the TMA reduction and the wgmma
+layout that the dK/dV pass uses.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
+
+from fox_kernel.ops.constants import LOG2E
+
+if hasattr(tma, "async_atomic_add"):  # newer Gluon
+    tma_add = tma.async_atomic_add
+else:
+
+    @builtin
+    def tma_add(tensor_desc, coord, src, _semantic=None):
+        """Adds a shared-memory tile into global memory (a TMA reduction; Triton 3.6 has the op but no
+        Gluon function for it)."""
+        from triton._C.libtriton import ir
+
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.constexpr_function
+def wgmma_layout(n):
+    """Register layout of a one-warpgroup wgmma accumulator with ``n`` columns."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.jit
+def kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  HAS_THRESH: gl.constexpr):
+    """Key blocks seen by the query block whose first row sits at key position ``first``: [lo, hi); with
+    pruning, those before lo are seen through a negligible decay (see triton.ranges.kept_ranges)."""
+    hi = gl.minimum(first + BLOCK_M, t_k)
+    if HAS_THRESH:
+        lo = (gl.load(RANGE + pid_bh.to(gl.int64) * range_cols + pid_m) // BLOCK_N) * BLOCK_N
+    else:
+        lo = 0
+    return lo, hi
+
+
+@gluon.jit
+def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                      b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+    """Fills the ring: per key block, the K and V tiles (TMA) and log2(e) * (c_j - c_first) of its keys."""
+    vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
+    nbytes: gl.constexpr = 2 * BLOCK_N * HEAD_D * k_desc.dtype.primitive_bitwidth // 8
+    c_ptr = C + b * stride_cb + h * stride_ch
+    cl_ptr = CL + b * stride_cb + h * stride_ch
+    anchor = gl.load(c_ptr + first)
+    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+        start_n = lo + i * BLOCK_N
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=vec_layout)
+        c_k2 = gl.load(cl_ptr + offs_n, mask=offs_n < t_k, other=0.0)
+        seg = ((gl.load(c_ptr + start_n) - anchor) * LOG2E).to(gl.float32)
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        ck_s.index(s).store(c_k2 + seg)
+        gl.thread_barrier()
+        mbarrier.expect(ready.index(s), nbytes)
+        row = b * t_k + start_n
+        tma.async_copy_global_to_shared(k_desc, [row, hk * HEAD_D], ready.index(s), k_s.index(s))
+        tma.async_copy_global_to_shared(v_desc, [row, hk * HEAD_D], ready.index(s), v_s.index(s))
+
+
+@gluon.jit
+def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.constexpr,
+                  s_layout: gl.constexpr, PENDING: gl.constexpr):
+    """The scores of key block ``start_n`` (ring slot ``s``) in log2 units less the rows' bias term: waits
+    for the asynchronous ``sc = Q K^T`` (leaving the PENDING wgmma issued after it in flight), scales it,
+    takes off the keys' bias term and, on the diagonal, masks the keys past each row."""
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    c_k2 = ck_s.index(s).load(col_layout)
+    sc = warpgroup_mma_wait(num_outstanding=PENDING, deps=[sc])
+    sc = sc * sm_scale2 - c_k2[None, :]
+    if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
+    return sc
+
+
+@gluon.jit
+def query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, HEADS_FIRST: gl.constexpr):
+    """(query block, row*head, row, head, key/value head, key position of the block's first query) of
+    this program; the heaviest blocks (the last: they see the most keys) are launched first."""
+    if HEADS_FIRST:  # every head's heaviest blocks first
+        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+        pid_bh = gl.program_id(0)
+    else:
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        pid_bh = gl.program_id(1)
+    h = pid_bh % H
+    return pid_m, pid_bh, pid_bh // H, h, h // GROUP, pid_m * BLOCK_M + Tk - Tq
+
+
+@gluon.jit
+def kv_ring(k_desc, v_desc, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+            CONSUMERS: gl.constexpr):
+    """Shared memory of the key/value ring (K and V tiles, the key bias terms, ready and empty barriers,
+    initialised) and a barrier for the program's own query-side tiles."""
+    k_s = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], k_desc.layout)
+    v_s = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], v_desc.layout)
+    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    ck_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], vec_smem)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)  # released by every consumer warpgroup
+    mbarrier.init(q_bar, count=1)
+    return k_s, v_s, ck_s, ready, empty, q_bar
+
+

@@ -1,0 +1,261 @@
+"""The Gluon forward for Hopper (sm90), warp-specialised: output and log-sum-exp, BLOCK_M queries of one
+head per program, split between consumer warpgroups that each run their rows against a fixed softmax
+bound where one is tight enough, else the online softmax (see ``common`` for the loader and the ring)."""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mbarrier as ampere_mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fox_kernel.ops.constants import LN2, LOG2E
+from fox_kernel.ops.gluon.common import (
+    biased_scores,
+    kept_key_range,
+    kv_load_partition,
+    kv_ring,
+    query_program,
+    wgmma_layout,
+)
+
+
+@gluon.jit
+def _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, start_n, my_first, my_last,
+              sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr, a_layout: gl.constexpr):
+    """Key block ``start_n``, from ring slot ``i``: online softmax in log2 units, less each row's bias term
+    (a per-row constant, which the softmax does not see; the log-sum-exp gets it back at the end)."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    if start_n <= my_last:  # else every key of the block lies past these rows
+        k_t = k_s.index(s)
+        sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
+        sc = biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N, s_layout, 0)
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(k_s.dtype), a_layout), v_s.index(s), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        m_i = m_new
+    ampere_mbarrier.arrive(empty.index(s))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_blocks, my_first, my_last,
+                     sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr, a_layout: gl.constexpr):
+    for i in range(0, n_blocks):
+        acc, m_i, l_i = _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo + i * BLOCK_N,
+                                  my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, o_layout, a_layout)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, dtype: gl.constexpr,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr, ROWWISE: gl.constexpr):
+    """Key block ``start_n`` (ring slot ``s``) against the fixed bound (one for the tile, folded into the
+    column term, or with ROWWISE one per row): the weights 2^(score - bound) as the A operand of the P V
+    matmul, and the row sums grown by them (on the diagonal, by the rounded weights the matmul uses, so
+    that a row with a few keys is as exact as in the online form)."""
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if ROWWISE:
+        x = sc * sm_scale2 - ck_s.index(s).load(col_layout)[None, :] - bound[:, None]
+    else:
+        x = sc * sm_scale2 - (ck_s.index(s).load(col_layout) + bound)[None, :]
+    if start_n + BLOCK_N - 1 > my_first:  # the diagonal
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        x = gl.where(offs_n[None, :] <= pos_m[:, None], x, float("-inf"))
+        p = gl.exp2(x).to(dtype)
+        l_i = l_i + gl.sum(p.to(gl.float32), axis=1)
+    else:
+        p = gl.exp2(x)
+        l_i = l_i + gl.sum(p, axis=1)
+        p = p.to(dtype)
+    return gl.convert_layout(p, a_layout), l_i
+
+
+@gluon.jit
+def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine, my_first,
+                    sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                    a_layout: gl.constexpr, ROWWISE: gl.constexpr):
+    """The softmax against a fixed bound: no row maximum and no rescaling of the output, so the matmuls
+    are pipelined: block i's scores are issued before block i-1's P V and its exponentials run while
+    that matmul does. The first ``n_mine`` blocks of the ring (from ``lo``) are this warpgroup's."""
+    dtype: gl.constexpr = k_s.dtype
+    mbarrier.wait(ready.index(0), 0)
+    sc = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
+    p, l_i = _fixed_scores(sc, ck_s, 0, pos_m, lo, my_first, sm_scale2, bound, l_i, dtype, BLOCK_N, s_layout,
+                           a_layout, ROWWISE)
+    for i in range(1, n_mine):
+        s = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        sc = warpgroup_mma(q_s, k_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p, v_s.index(prev), acc, is_async=True)
+        sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])
+        p_next, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo + i * BLOCK_N, my_first, sm_scale2, bound, l_i, dtype,
+                                    BLOCK_N, s_layout, a_layout, ROWWISE)
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p])
+        ampere_mbarrier.arrive(empty.index(prev))
+        p = p_next
+    last = (n_mine - 1) % STAGES
+    acc = warpgroup_mma(p, v_s.index(last), acc, is_async=True)
+    acc, p = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p])
+    ampere_mbarrier.arrive(empty.index(last))
+    return acc, l_i
+
+
+@gluon.jit
+def _fwd_bound(q_s, kmax2, c_q2, mask_m, sm_scale2, GAP: gl.constexpr, row_layout: gl.constexpr):
+    """(bound, tile_ok, row_bound, rows_ok) of this warpgroup's rows, as the Triton forward's _fixed_bound:
+    ``u_i - c2_i`` (``u_i = |q_i| max|k| |s| log2(e)``) bounds every visible score of row i (``c_j >= c_i``)
+    and ``bound`` is their maximum. Every row's diagonal term is at least 2^(-2 u_i) of its own bound;
+    ``tile_ok`` when that lies within GAP of ``bound`` for every row, ``rows_ok`` of the row's own bound."""
+    q_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    q = q_s.load(q_layout).to(gl.float32)
+    q_sq = gl.convert_layout(gl.sum(q * q, axis=1), row_layout)
+    u = gl.sqrt(q_sq * kmax2) * gl.abs(sm_scale2)
+    row_bound = u - c_q2
+    bound = gl.max(gl.where(mask_m, row_bound, float("-inf")), axis=0)
+    gap = gl.max(gl.where(mask_m, 2.0 * u + (bound - row_bound), 0.0), axis=0)
+    row_gap = gl.max(gl.where(mask_m, 2.0 * u, 0.0), axis=0)
+    return bound, gap <= GAP, row_bound, row_gap <= GAP
+
+
+@gluon.jit
+def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_bar,
+                           b, h, hk, HKV, pid_bh, pid_m, first, t_q, t_k, stride_ob, stride_ot, stride_oh,
+                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                           HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
+                           GAP: gl.constexpr):
+    """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS). With FIXED, the softmax runs
+    against a fixed bound where it is tight enough for these rows (else online)."""
+    s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_layout(HEAD_D)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+    offs_m = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=row_layout)
+    mask_m = offs_m < t_q
+    pos_m = offs_m + (t_k - t_q)
+    my_first = first + ROW0
+    my_last = my_first + ROWS - 1
+    q_s = q_all.index(ROW0 // ROWS)
+    c_ptr = C + b * stride_cb + h * stride_ch
+    row_term = (gl.load(c_ptr + pos_m, mask=mask_m, other=0.0) - gl.load(c_ptr + first)).to(gl.float32)
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
+    acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, row_layout)
+    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    n_blocks = gl.cdiv(hi - lo, BLOCK_N)
+    mbarrier.wait(q_bar, 0)
+    if FIXED:
+        bound, tile_ok, row_bound, rows_ok = _fwd_bound(q_s, gl.load(KMAX2 + b * HKV + hk), row_term * LOG2E, mask_m,
+                                                        sm_scale2, GAP, row_layout)
+        # the blocks that start past these rows are only handed back
+        n_mine = gl.cdiv(gl.minimum(hi, my_last + 1) - lo, BLOCK_N)
+        if tile_ok:
+            acc, l_i = _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine,
+                                       my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, False)
+            m_i = gl.full([ROWS], 0.0, gl.float32, row_layout) + bound
+        elif rows_ok:  # the gates decay too much across the tile for one bound (one more tile op)
+            acc, l_i = _fwd_fixed_loop(acc, l_i, row_bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
+                                       n_mine, my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, True)
+            m_i = row_bound
+        else:
+            acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
+                                             n_blocks, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout,
+                                             o_layout, a_layout)
+            n_mine = n_blocks
+        for i in range(n_mine, n_blocks):
+            mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
+            ampere_mbarrier.arrive(empty.index(i % STAGES))
+    else:
+        acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_blocks,
+                                         my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, o_layout, a_layout)
+    lse = (m_i + gl.log2(l_i)) * LN2 + row_term
+    gl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=mask_m)
+    rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
+    cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, o_layout))
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    o_ptrs = (OUT + b.to(gl.int64) * stride_ob + h * stride_oh + rows.to(gl.int64)[:, None] * stride_ot
+              + cols[None, :])
+    gl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(rows < t_q)[:, None])
+
+
+@gluon.jit
+def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols, KMAX2,
+                     stride_ob, stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh,
+                     H, Tq, Tk, sm_scale2,
+                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr,
+                     HEADS_FIRST: gl.constexpr):
+    """Output and log-sum-exp, BLOCK_M queries split between CONSUMERS warpgroups; with FIXED (``KMAX2``:
+    the largest squared key norm per (row, key/value head)) each consumer runs its rows against a fixed
+    softmax bound where one is tight enough."""
+    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, HEADS_FIRST)
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+    # each consumer's query rows: a (ROWS, HEAD_D) tile (TMA tiles are powers of two; BLOCK_M need not be)
+    q_s = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_D], q_desc.layout)
+    k_s, v_s, ck_s, ready, empty, q_bar = kv_ring(k_desc, v_desc, BLOCK_N, HEAD_D, STAGES, CONSUMERS)
+
+    mbarrier.expect(q_bar, BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_s.index(c))
+
+    # (argument tuples spelled out per partition: a tuple built in the kernel turns constexprs into tensors)
+    if CONSUMERS == 2:
+        gl.warp_specialize(
+            [
+                (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
+                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
+                (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
+                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
+                (kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
+                                     stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
+                                     BLOCK_N, STAGES, HAS_THRESH)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, LOADER_REGS],
+        )
+    else:
+        gl.static_assert(CONSUMERS == 3, "the forward runs two or three consumer warpgroups")
+        gl.warp_specialize(
+            [
+                (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
+                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
+                (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
+                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
+                (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
+                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
+                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS, FIXED, GAP)),
+                (kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
+                                     stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
+                                     BLOCK_N, STAGES, HAS_THRESH)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS],
+        )

@@ -1,0 +1,179 @@
+"""Launchers of the Gluon kernels: the forward and the backward (dK/dV then dQ, or the one-pass dK/dV).
+
+They run where ``dispatch`` sends them: an sm90 GPU, bfloat16 or float16, head dim 64 or 128, fixed-length
+batches without ``seq_start`` or a window (with or without pruning), a Triton build with Gluon. The small
+kernels around them (prefix sums, local sums, kept ranges, norms) are the Triton ones.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from fox_kernel.ops.constants import FIXED_BOUND_GAP, LOG2E
+from fox_kernel.ops.gluon.bwd import gluon_dkdv_kernel, gluon_dq_kernel
+from fox_kernel.ops.gluon.fwd import gluon_fwd_kernel
+from fox_kernel.ops.gluon.tiles import (
+    GLUON_DQ_TILES,
+    GLUON_FWD_FIXED_TILES,
+    GLUON_FWD_TILES,
+    GLUON_TILES,
+    gluon_blocks,
+    launch_grid,
+)
+from fox_kernel.ops.triton.norms import key_sq_norms
+from fox_kernel.ops.triton.ranges import kept_ranges
+from fox_kernel.ops.triton.sums import local_sums
+from fox_kernel.pruning import auto_threshold
+
+
+def forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed):
+    """(out, lse, threshold) from the prefix sums ``c``. With ``fixed`` each consumer runs its rows against
+    a fixed softmax bound where one is tight enough (``kmax2``: the largest squared key norms), else the
+    online softmax. With "auto" pruning it takes the per-head bound (one read of q and k) rather than the
+    Triton forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does."""
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    if auto_log_eps is not None:
+        threshold = auto_threshold(q, k, sm_scale, Tk, auto_log_eps)
+    out = torch.empty_like(q)
+    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
+    ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True)
+    kmax2 = key_sq_norms(k, None) if fixed else None
+    cl = local_sums(c, None, B, Tk, blocks["BLOCK_N"])
+    block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
+    # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the
+    # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
+    # at B=4 x 32 heads: benchmarks/launch-order-h100-s17.json)
+    grid, hf = launch_grid(triton.cdiv(Tq, block_m), B * H, B * H <= 12)
+    gluon_fwd_kernel[grid](
+        _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
+        0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=FIXED_BOUND_GAP, CONSUMERS=consumers,
+        HEADS_FIRST=hf,
+        num_warps=4,
+    )
+    return out, lse, threshold
+
+
+def backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass):
+    """(dq, dk, dv, dc, dc_row), as the Triton backward's: the dK/dV pass writes every key's column term
+    ``dc``; the dQ pass (or, ``one_pass``, the dK/dV pass) writes dQ and the row term ``dc_row``."""
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dc = torch.empty(B, H, Tk, dtype=torch.float32, device=q.device)
+    dc_row = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
+    blocks = gluon_blocks(D)
+    clq = local_sums(c, None, B, Tk, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
+    ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, blocks, False)
+    _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges, dq if one_pass else None,
+          dc_row if one_pass else None)
+    if not one_pass:
+        blocks = gluon_blocks(D, "dq")
+        ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, blocks, True)
+        cl = local_sums(c, None, B, Tk, blocks["BLOCK_N"])
+        _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges)
+    return dq, dk, dv, dc, dc_row
+
+
+def _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
+    """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
+    of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see sums.local_sums); ``ranges``:
+    with pruning, the end of the kept queries of each (row, head, key block).
+
+    The one-pass backward: given ``dq`` and ``dc_row`` (float32 (B, H, Tq)), also writes dQ and the row
+    term of dc into them (the dQ pass's outputs, see _dq)."""
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
+    # with GQA one program runs a whole group of heads, so there are few and long ones: launching every
+    # head's heaviest key blocks first shortens the tail (D=64, 8k, 32/8 heads: backward -4 to -5%; at MHA
+    # shapes no gain or slower: benchmarks/launch-order-h100-s17.json)
+    grid, hf = launch_grid(triton.cdiv(Tk, block_n), B * Hkv, D == 64 and Hkv < H)
+    q_desc = _descriptor(q, block_m)
+    one_pass = dq is not None
+    # the one pass's float32 outputs: dQ / sm_scale, and four partial row sums per query (one per warp),
+    # rows padded to 16 bytes; without it the kernel reads neither (the query descriptor stands in)
+    dq_desc = rs_desc = q_desc
+    if one_pass:
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        row_sums = torch.zeros(B * H * 4, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
+        dq_desc = _descriptor(dq_acc, block_m)
+        rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
+    gluon_dkdv_kernel[grid](
+        q_desc, _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass, HEADS_FIRST=hf,
+        num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
+    )
+    if one_pass:
+        torch.mul(dq_acc, sm_scale, out=dq)
+        torch.sum(row_sums[:, :Tq].view(B, H, 4, Tq), dim=2, out=dc_row)
+
+
+def _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
+    """dQ and the row term of dc (written into ``dq``, ``dc_row``). ``cl``: the local sums of ``c`` over
+    key tiles of ``gluon_blocks(D, "dq")["BLOCK_N"]`` rows; ``ranges``: with pruning, the first kept key
+    of each (row, head, query block)."""
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
+    grid = (triton.cdiv(Tq, block_m), B * H)
+    gluon_dq_kernel[grid](
+        _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
+        dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
+        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value,
+        GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
+    )
+
+
+def _rows_view(x: torch.Tensor):
+    """(rows, row stride) of a (B, T, H, D) tensor read as a 2-D (B*T, H*D) matrix, or None when its
+    strides do not allow that (heads not adjacent, or batches not T rows apart)."""
+    B, T, H, D = x.shape
+    if x.stride(3) != 1 or x.stride(2) != D or (B > 1 and x.stride(0) != T * x.stride(1)):
+        return None
+    if (x.stride(1) * x.element_size()) % 16 or x.data_ptr() % 16:
+        return None
+    return B * T, x.stride(1)
+
+
+def _descriptor(x, rows):
+    """TMA descriptor of a (B, T, H, D) tensor read as (B*T, H*D) in (rows, D) tiles (a copy where its
+    strides do not allow that view)."""
+    view = _rows_view(x)
+    if view is None:
+        x = x.contiguous()
+        view = _rows_view(x)
+    n_rows, stride = view
+    D = x.shape[3]
+    return TensorDescriptor(x, [n_rows, x.shape[2] * D], [stride, 1], [rows, D], _tile_layout(rows, D, x.dtype))
+
+
+def _matrix_descriptor(x, block):
+    """TMA descriptor of a 2-D tensor read in ``block`` tiles."""
+    return TensorDescriptor(x, list(x.shape), list(x.stride()), block, _tile_layout(*block, x.dtype))
+
+
+@functools.cache
+def _tile_layout(rows: int, D: int, dtype: torch.dtype):
+    """The shared-memory layout of a (rows, D) tile (built once: it took a third of a descriptor's host time)."""
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for([rows, D], gl_dtype)

@@ -1,0 +1,128 @@
+"""How the Triton passes are launched: tile shapes per pass and GPU, launch order, TMA descriptors."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from fox_kernel.options import INTERPRET, KernelOptions
+
+# Tile shapes per pass, from benchmarks/tune_tiles.py on an H200 (sm90, torch 2.11, triton 3.6, T=16k;
+# the forward's swept with the fixed softmax bound, six tiles per head dim, fixed-bound-h200-s6.json);
+# sm80 gets them with narrower key tiles and two stages (less shared memory); older GPUs, fp32 and
+# D > 128 get small, safe tiles.
+TILES = {
+    "fwd": {64: dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3),
+            128: dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3)},
+    "dkdv": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2),
+             128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+    # D=64 dQ: 64x64 with three stages (backward 11.64 -> 10.65 ms at H=32, T=16k; backward-tiles-h200-s9.json)
+    "dq": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+           128: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)},
+    # the one-pass backward (dK/dV program adding dQ in with atomics)
+    "fused": {64: dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+              128: dict(BLOCK_M=32, BLOCK_N=64, num_warps=4, num_stages=3)},
+}
+SAFE_TILES = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+def block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Tiles and launch options of pass ``kind`` ("fwd", "dkdv", "dq" or "fused")."""
+    bd = block_d(head_dim)
+    if INTERPRET or device.type != "cuda":
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, num_warps=4, num_stages=1)
+    major, _ = torch.cuda.get_device_capability(device)
+    if major < 8 or dtype == torch.float32 or bd > 128:
+        cfg = dict(SAFE_TILES)
+        if bd <= 128 and major >= 8:
+            cfg["num_stages"] = 2
+    else:
+        cfg = dict(TILES[kind][max(64, bd)])
+        if major == 8:  # A100-class shared memory: narrower key tiles, two stages
+            cfg.update(BLOCK_N=min(cfg["BLOCK_N"], 64), num_stages=min(cfg["num_stages"], 2))
+    cfg["BLOCK_D"] = bd
+    return cfg
+
+
+def use_tma(options: KernelOptions, *tensors) -> bool:
+    """Tensor-memory-accelerator tile loads: Hopper (sm90+), 16-bit types, 16-byte aligned rows, unless
+    ``options.tma`` is off (for comparison). Packed varlen batches keep the pointer loads (the callers'
+    choice): with TMA, varlen outputs differed from each sequence run alone on an H200 (not yet understood)."""
+    x0 = tensors[0]
+    if not options.tma or INTERPRET or x0.device.type != "cuda":
+        return False
+    if torch.cuda.get_device_capability(x0.device)[0] < 9 or x0.dtype == torch.float32:
+        return False
+    size = x0.element_size()
+    return all(
+        x.stride(-1) == 1 and all((st * size) % 16 == 0 for st in x.stride()[:-1]) and x.data_ptr() % 16 == 0
+        and x.shape[1] < 2**31
+        for x in tensors
+    )
+
+
+def descriptors(tensors, block_rows, cfg, tma):
+    """TMA descriptors of (B, T, H, D) tensors read in (block_rows, BLOCK_D) tiles; without ``tma``, None
+    each (the kernels then read the tensors through pointers)."""
+    if not tma:
+        return [None] * len(tensors)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, block_rows, 1, cfg["BLOCK_D"]]) for x in tensors]
+
+
+def grid(kind, n_heads, n_blocks, order=None, head_dim=128, group=1):
+    """Grid and launch order of a pass (see common.block_and_head): ``order`` "heads" or "blocks", None for
+    the measured default. Measured on an H200 (T=16k/8k): the forward gains from all heads' heaviest
+    blocks first at D <= 64 and with GQA (2-3%), loses at D=128 MHA; both backward passes lose with it
+    (D=64 dK/dV up to 2x: Q/dO no longer shared in L2), except the dK/dV pass of GQA at D=128: a program
+    there runs the whole group, so one group's heaviest programs, launched last, left a tail (fwd+bwd 1-8%
+    faster heads first at four shapes on an H200, gqa-launch-order-h200-s10.json; at D=64 it was 3%
+    slower at T=16k)."""
+    if order is None:
+        heads = (kind == "fwd" and (head_dim <= 64 or group > 1)) or (kind == "dkdv" and group > 1 and head_dim > 64)
+        order = "heads" if heads else "blocks"
+    heads_first = order == "heads"
+    return ((n_heads, n_blocks) if heads_first else (n_blocks, n_heads)), heads_first
+
+
+def grid_rows(cu_seqlens, batch, length):
+    """(programs along the batch axis, longest sequence) for the grid."""
+    if cu_seqlens is None:
+        return batch, length
+    return cu_seqlens.numel() - 1, int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item())
+
+
+def scan() -> int:
+    """Block bounds read per vector load when searching the pruned range (small in the interpreter, so
+    tests cross several loads)."""
+    return 4 if INTERPRET else 64
+
+
+def precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def strides(x, n=3):
+    """The first ``n`` strides of ``x``, one kernel argument (a tuple)."""
+    return tuple(x.stride()[:n])
+
+
+# Copies of the kernels that do not specialise on the sequence lengths, used when one of them is 1:
+# Triton turns a length of 1 into a constant, and that made ptxas (Triton 3.6, sm90) crash on the dQ
+# kernel. Other lengths keep the specialised kernels (not specialising cost 10-20% at T=16k).
+_LENGTHS = ("Tq", "Tk")
+_ANY_LENGTH = {}
+
+
+def any_length(kernel, Tq, Tk):
+    """``kernel``, or where a length is 1 its copy that does not specialise on the lengths."""
+    if min(Tq, Tk) > 1:
+        return kernel
+    if kernel not in _ANY_LENGTH:
+        _ANY_LENGTH[kernel] = triton.jit(do_not_specialize=_LENGTHS)(kernel.fn)
+    return _ANY_LENGTH[kernel]

@@ -1,0 +1,147 @@
+"""Which blocks a program visits: the causal and window ranges of a query or key block, and the pruned
+ranges (blocks whose decay keeps them under the ``adaptive_threshold`` bound), searched in place or found
+up front for the backward by ``kept_ranges``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fox_kernel.ops.triton import launch
+from fox_kernel.ops.triton.common import sequence_bounds
+
+
+@triton.jit
+def key_range(first, s0, t_k, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Key blocks of the query tile whose first row sits at key position ``first``: [lo, mid) fully
+    visible (with a window: [lo, window_split) partly outside it), [mid, hi) on the diagonal."""
+    lo = (s0 // BLOCK_N) * BLOCK_N
+    mid = tl.maximum((tl.minimum(first, t_k) // BLOCK_N) * BLOCK_N, lo)
+    hi = tl.minimum(first + BLOCK_M, t_k)
+    if HAS_WINDOW:  # the first key any row of the tile sees is first - window + 1
+        lo = tl.minimum(tl.maximum((tl.maximum(first - window + 1, 0) // BLOCK_N) * BLOCK_N, lo), mid)
+    return lo, mid, hi
+
+
+@triton.jit
+def window_split(lo, mid, first, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """First key block of [lo, mid) that every row of the query tile starting at ``first`` sees whole:
+    keys from ``first + BLOCK_M - window`` on lie inside every row's window."""
+    split = tl.cdiv(tl.maximum(first + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N
+    return tl.minimum(tl.maximum(split, lo), mid)
+
+
+@triton.jit
+def query_range(pid_n, shift, s0, t_q, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_WINDOW: tl.constexpr):
+    """Query blocks that see part of key block ``pid_n`` (diagonal, [m_lo, m_mid)) then all of it, up to
+    m_hi (t_q; with a window, the end of the queries whose window reaches the block's last key)."""
+    m_lo = (tl.maximum(pid_n * BLOCK_N - shift, 0) // BLOCK_M) * BLOCK_M
+    m_mid = tl.minimum(tl.maximum((pid_n + 1) * BLOCK_N - shift + BLOCK_M - 1, 0) // BLOCK_M * BLOCK_M, t_q)
+    m_mid = tl.maximum(m_mid, m_lo)
+    m_hi = t_q
+    if HAS_WINDOW:  # the last query that sees key j sits at key position j + window - 1
+        m_hi = tl.minimum(tl.cdiv(tl.maximum((pid_n + 1) * BLOCK_N + window - 1 - shift, 0), BLOCK_M) * BLOCK_M, t_q)
+    if (pid_n + 1) * BLOCK_N <= s0:  # every key here is padding
+        m_lo = t_q
+        m_mid = t_q
+    return m_lo, m_mid, m_hi
+
+
+@triton.jit
+def query_window_split(pid_n, shift, window, m_mid, m_hi, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """End of the query blocks in [m_mid, m_hi) whose windows hold all of key block ``pid_n``: a block
+    starting at m does when its last row, at key position m + BLOCK_M - 1 + shift, is before the block's
+    first key + window."""
+    split = (tl.maximum(pid_n * BLOCK_N + window - shift, 0) // BLOCK_M) * BLOCK_M
+    return tl.maximum(tl.minimum(split, m_hi), m_mid)
+
+
+@triton.jit
+def first_kept_key_block(c_ptr, c_top, delta, lo, hi, BLOCK_N: tl.constexpr, SCAN: tl.constexpr):
+    """First key block in [lo, hi) whose largest bias ``c_top - c_last`` reaches ``delta``.
+
+    ``c`` never increases, so the blocks that fall under the bound form a prefix. It is counted SCAN
+    block ends per vector load from the left: when nothing prunes (slow gates) one load decides.
+    """
+    j = lo // BLOCK_N
+    last = hi // BLOCK_N
+    go = j < last
+    while go:
+        idx = j + tl.arange(0, SCAN)
+        valid = idx < last
+        c_last = tl.load(c_ptr + idx * BLOCK_N + BLOCK_N - 1, mask=valid, other=0.0)
+        n = tl.sum((valid & ((c_top - c_last).to(tl.float32) < delta)).to(tl.int32), 0)
+        j += n
+        go = (n == SCAN) & (j < last)
+    return j * BLOCK_N
+
+
+@triton.jit
+def last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.constexpr, SCAN: tl.constexpr):
+    """End of the query blocks in [lo, hi) whose largest bias ``c_first - c_bottom`` reaches ``delta``.
+
+    Later queries see ever smaller ``c``, so the negligible blocks form a suffix. It is counted SCAN
+    blocks per vector load from the right: when nothing prunes (slow gates) one load decides.
+    """
+    first = lo // BLOCK_M
+    j = (hi + BLOCK_M - 1) // BLOCK_M
+    go = j > first
+    while go:
+        idx = j - SCAN + tl.arange(0, SCAN)
+        valid = idx >= first
+        c_first = tl.load(c_ptr + idx * BLOCK_M + shift, mask=valid, other=0.0)
+        n = tl.sum((valid & ((c_first - c_bottom).to(tl.float32) < delta)).to(tl.int32), 0)
+        j -= n
+        go = (n == SCAN) & (j > first)
+    return tl.minimum(j * BLOCK_M, hi)
+
+
+@triton.jit
+def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT, c_strides, H, Tq, Tk, WINDOW,
+                       KEYS_OF_QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr,
+                       HAS_WINDOW: tl.constexpr):
+    """Pruned ranges for the backward passes, one int per (row, head, block), found once up front so
+    the dQ and dK/dV kernels only load them (searching inside them cost registers and time).
+
+    KEYS_OF_QUERIES: first kept key of each query block (dQ); else end of the kept queries of each key
+    block (dK/dV)."""
+    stride_cb, stride_ch = c_strides
+    pid_bh = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    row, bos, t_q, t_k, s0 = sequence_bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
+    shift = t_k - t_q
+    c_ptr = C + row * stride_cb + h * stride_ch + bos
+    delta = tl.load(THRESH + b * H + h)
+    out_ptr = OUT + pid_bh.to(tl.int64) * tl.num_programs(1) + pid
+    if KEYS_OF_QUERIES:
+        if pid * BLOCK_M < t_q:
+            first = pid * BLOCK_M + shift
+            lo, mid, hi = key_range(first, s0, t_k, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
+            tl.store(out_ptr, first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, BLOCK_N, SCAN))
+    else:
+        if pid * BLOCK_N < t_k:
+            m_lo, m_mid, m_hi = query_range(pid, shift, s0, t_q, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
+            c_bottom = tl.load(c_ptr + tl.minimum(pid * BLOCK_N + BLOCK_N, t_k) - 1)
+            tl.store(out_ptr, last_kept_query_block(c_ptr, c_bottom, delta, shift, m_mid, m_hi, BLOCK_M, SCAN))
+
+
+def kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, keys_of_queries, window=0):
+    """The pruned ranges of a backward pass (or the Gluon forward) with tiles ``blocks`` (BLOCK_M, BLOCK_N):
+    (rows * H, blocks) int32, the first kept key of each query block (``keys_of_queries``) or the end of
+    the kept queries of each key block; None without a threshold."""
+    if threshold is None:
+        return None
+    n_blocks = triton.cdiv(t_max, blocks["BLOCK_M"] if keys_of_queries else blocks["BLOCK_N"])
+    out = torch.empty(n_rows * H, n_blocks, dtype=torch.int32, device=c.device)
+    _kept_range_kernel[(n_rows * H, n_blocks)](
+        c, seq_start, cu_seqlens, threshold, out, c.stride()[:2], H, Tq, Tk, window,
+        KEYS_OF_QUERIES=keys_of_queries, BLOCK_M=blocks["BLOCK_M"], BLOCK_N=blocks["BLOCK_N"],
+        IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=launch.scan(),
+        HAS_WINDOW=window > 0, num_warps=1,
+    )
+    return out
