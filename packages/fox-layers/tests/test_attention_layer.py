@@ -1,6 +1,8 @@
 """The FoX attention layer gives the same function in every mode: full pass, prefill + decoding,
 uneven chunked prefill, left padding, packed varlen. Errors are measured against a float64 run."""
 
+import math
+
 import pytest
 import torch
 
@@ -270,13 +272,57 @@ def test_pruning_from_qk_norm_weights_stays_close():
     _close(pruned(x)[0], exact(x)[0], tol=1e-3)
 
 
-def test_pruning_tolerance_without_qk_norm_is_minus_ten_or_an_error():
-    layer = ForgettingAttentionLayer(HIDDEN, 4, log_pruning_tolerance=-10.0)
-    assert layer.pruning_threshold(64) == "auto"
-    layer.log_pruning_tolerance = -5.0  # was silently no pruning at all
-    with pytest.raises(ValueError, match="log_pruning_tolerance -5.0 needs qk_norm"):
-        layer(_x(1, 8))
-    assert layer.pruning_threshold(64, -10.0) == "auto"
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["no-qk-norm", "qk-norm"])
+@pytest.mark.parametrize("log_tolerance", [-10.0, -0.5])
+def test_any_pruning_tolerance_prunes_with_or_without_qk_norm(monkeypatch, qk_norm, log_tolerance):
+    """The layer prunes by the bound of its own log_pruning_tolerance, with or without QK-norm: its attention
+    output equals the float64 computation pruned by that bound (from the q/k norms, or from the QK-norm
+    weights), a loose tolerance really drops weight and -10 stays within its eps."""
+    import fox_layers.attention as attention
+    from fox_kernel import forgetting_attention, pruning
+
+    torch.manual_seed(0)
+    layer = ForgettingAttentionLayer(HIDDEN, 4, qk_norm=qk_norm, fgate_bias_init=True, decay_time_min=0.5,
+                                     decay_time_max=2.0, log_pruning_tolerance=log_tolerance)
+    layer.reset_fgate_bias()
+    with torch.no_grad():  # small logits: the bound is tight, so a loose tolerance drops visible weight
+        for name, p in layer.named_parameters():
+            if name in ("q_norm.weight", "k_norm.weight", "q_proj.weight", "k_proj.weight"):
+                p.mul_(0.2)
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return forgetting_attention(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "forgetting_attention", spy)
+    with torch.no_grad():
+        layer(_x(1, 200))
+    (q, k, v, lf), kwargs = calls[0]
+    T, D = q.shape[1], layer.head_dim
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    if qk_norm:
+        wq, wk = layer.q_norm.max_abs_weight().double(), layer.k_norm.max_abs_weight().double()
+        delta = pruning.threshold_from_qk_norm(wq, wk, D, T, log_tolerance)
+        assert isinstance(kwargs["adaptive_threshold"], torch.Tensor)
+    else:
+        delta = pruning.pruning_threshold(q64, k64, D**-0.5, T, log_tolerance)
+        assert kwargs["adaptive_threshold"] == pruning.AutoThreshold(log_tolerance)
+    with torch.no_grad():
+        pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=kwargs["adaptive_threshold"])
+        exact = forgetting_attention(q64, k64, v64, lf, adaptive_threshold=delta)
+        unpruned = forgetting_attention(q64, k64, v64, lf)
+    _close(pruned, exact, tol=1e-5)
+    change = (exact - unpruned).abs().max().item()
+    if log_tolerance == -10.0:
+        assert change <= 2 * math.exp(-10.0) * v.abs().max().item() + 1e-9
+    else:
+        assert change > 1e-3
+
+
+def test_pruning_tolerance_is_checked():
+    with pytest.raises(ValueError, match="log_pruning_tolerance"):
+        ForgettingAttentionLayer(HIDDEN, 4, log_pruning_tolerance=0.0)
 
 
 def test_fixed_gate_decay_times():

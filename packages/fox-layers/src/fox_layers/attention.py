@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache
+from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache, pruning
 from fox_kernel.ops import checks
 from fox_layers.norms import GroupRMSNorm
 from fox_layers.rope import apply_rope
@@ -198,6 +198,8 @@ class ForgettingAttentionLayer(nn.Module):
         if fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
         checks.require_window_size(window_size)
+        if log_pruning_tolerance is not None:
+            pruning.check_log_tolerance(log_pruning_tolerance)
         if ogate_act not in ("sigmoid", "silu"):
             raise ValueError(f"ogate_act must be 'sigmoid' or 'silu', got {ogate_act!r}")
         self.hidden_size = hidden_size
@@ -285,22 +287,18 @@ class ForgettingAttentionLayer(nn.Module):
         return pos
 
     def pruning_threshold(self, T_k: int, log_tolerance: float | None = None):
-        """The adaptive_threshold this layer passes to the kernel for ``T_k`` keys: None (no pruning),
-        "auto" (the kernel bounds the logits by the q/k norms) or a (1, H) tensor delta. ``log_tolerance``
-        replaces the layer's own ``log_pruning_tolerance`` (ln eps)."""
+        """The adaptive_threshold this layer passes to the kernel for ``T_k`` keys (``fox_kernel.pruning``):
+        None (no pruning); with QK-norm a (1, H) tensor, the bound from the norm weights; else an
+        ``AutoThreshold``, the bound the kernel takes from the q/k norms. ``log_tolerance`` replaces the
+        layer's own ``log_pruning_tolerance`` (ln eps)."""
         log_tolerance = self.log_pruning_tolerance if log_tolerance is None else log_tolerance
         if log_tolerance is None:
             return None
         if not self.qk_norm:
-            if log_tolerance != -10.0:  # the kernel's "auto" bound (from the q/k norms) is for ln eps = -10 only
-                raise ValueError(f"log_pruning_tolerance {log_tolerance} needs qk_norm (its bound comes from the "
-                                 "norm weights); without qk_norm only -10 (the kernel's \"auto\") is supported")
-            return "auto"
-        # |s q.k| <= s * ||q|| ||k|| <= sqrt(D) * max|w_q| * max|w_k| for RMS-normalised q and k.
+            return pruning.AutoThreshold(log_tolerance)
         group = self.num_heads // self.num_kv_heads
         wk = self.k_norm.max_abs_weight().repeat_interleave(group)
-        u = math.sqrt(self.head_dim) * self.q_norm.max_abs_weight() * wk
-        return (-(2 * u + math.log(max(T_k, 1))) + log_tolerance)[None]
+        return pruning.threshold_from_qk_norm(self.q_norm.max_abs_weight(), wk, self.head_dim, T_k, log_tolerance)
 
     def _input_linears(self, with_ogate: bool):
         """(name, Linear) of every projection of the layer's input, in the order of the fused matmul."""

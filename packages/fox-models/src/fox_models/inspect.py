@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fox_kernel import pruning
 from fox_layers import ForgettingAttentionLayer
 
-LOG_EPS = -10.0  # the pruning bound eps = e^-10 of FOX.md section 1
+LOG_EPS = pruning.DEFAULT_LOG_TOLERANCE  # the pruning bound eps = e^-10 of FOX.md section 1
 
 
 class NoForgetGateError(ValueError):
@@ -77,8 +78,8 @@ def pruning_fraction(cap: LayerCapture, block: int = 128, log_eps: float = LOG_E
     """Per head, the fraction of causal (query block, key block) tiles that pruning would skip.
 
     A tile left of the diagonal is skipped when its largest bias c_first_query - c_last_key is below
-    delta = -(2U + ln T) + ln eps (FOX.md section 1), with the bound U the layer's kernel call uses: from
-    the QK-norm weights when the layer has QK-norm, else U = max|q| max|k| s.
+    ``fox_kernel.pruning.bound`` (delta = -(2U + ln T) + ln eps) with the U the layer's kernel call uses:
+    from the QK-norm weights when the layer has QK-norm, else U = max|q| max|k| s.
     """
     q, k, lf = cap.q, cap.k, cap.log_fgate
     T, H, D = q.shape
@@ -88,7 +89,7 @@ def pruning_fraction(cap: LayerCapture, block: int = 128, log_eps: float = LOG_E
         delta = delta[0].detach().double().cpu()
     else:
         u = q.norm(dim=-1).amax(0) * k.norm(dim=-1).amax(0) * D**-0.5
-        delta = -(2 * u.double() + math.log(T)) + log_eps
+        delta = pruning.bound(u.double(), T, log_eps)
     nb = -(-T // block)
     skipped = torch.zeros(H, dtype=torch.float64)
     total = 0

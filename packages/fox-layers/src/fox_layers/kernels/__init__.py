@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from fox_kernel.ops.dispatch import runs_triton
 
 
 def use_triton(x: torch.Tensor) -> bool:
-    """Fused kernels in eager mode on CUDA (or the interpreter). Under torch.compile the PyTorch twins run:
-    inductor fuses them itself, and an opaque autograd.Function would break the graph (measured slower)."""
+    """Fused kernels in eager mode where the attention's Triton kernels run (``runs_triton``: CUDA, or the
+    interpreter). Under torch.compile the PyTorch twins run: inductor fuses them itself, and an opaque
+    autograd.Function would break the graph (measured slower)."""
     if torch.compiler.is_compiling():
         return False
-    return x.is_cuda or (os.environ.get("TRITON_INTERPRET") == "1" and x.dtype != torch.float64)
+    return runs_triton(x)
