@@ -145,9 +145,12 @@ def test_triton_without_z_d_bias_and_from_a_state(device, dtype):
 
 @pytest.mark.parametrize("device,dtype", TRITON_CASES)
 def test_triton_backward_across_saved_chunks(device, dtype, monkeypatch):
-    """States saved every 2 tiles: the backward recomputes each chunk from its own saved state."""
-    monkeypatch.setattr(kernels, "CHUNK_TILES", 2)
-    _check_triton(device, dtype, 2, 75, 5, 4)
+    """States saved every 32 steps (2 tiles of the backward, 4 of the forward): the backward recomputes each
+    chunk from its own saved state; the passes need not share their tile shapes."""
+    monkeypatch.setattr(kernels, "CHUNK", 32)
+    monkeypatch.setattr(kernels, "FORWARD", (8, 4, 2))
+    monkeypatch.setattr(kernels, "BACKWARD", (16, 8, 4))
+    _check_triton(device, dtype, 2, 75, 11, 4)
 
 
 @pytest.mark.parametrize("device,dtype", TRITON_CASES)
@@ -158,6 +161,17 @@ def test_triton_strided_b_c_and_z(device, dtype):
     xz = torch.cat([a["x"], a["z"]], -1)
     views = dict(a, B=bc[..., :4], C=bc[..., 4:8], z=xz[..., 6:])
     torch.testing.assert_close(selective_scan_triton(**views)[0], selective_scan_triton(**a)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device,dtype", TRITON_CASES)
+@pytest.mark.parametrize("save_states", [True, False])
+def test_triton_custom_op_opcheck(device, dtype, save_states):
+    """The custom op's schema, fake tensors (torch.compile) and autograd registration."""
+    from fox_models.samba import selective_scan as ops
+
+    a = cast(scan_inputs(2, 20, 5, 4), device, dtype)
+    args = [a[k].requires_grad_(save_states) for k in ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")]
+    torch.library.opcheck(ops._fwd_op, (*args, None, save_states))
 
 
 @pytest.mark.gpu

@@ -1,8 +1,8 @@
 """fox-models: Hugging Face models of the Forgetting Transformer and its baselines.
 
-One folder a model family (``fox``, ``transformer``, ``mamba2``, ``hgrn2``, ``delta_net``, ``samba``), one list of
-them (``fox_models.registry``). Importing this package registers the configs, models and tokenizer with
-the transformers Auto classes.
+One folder a model family (``fox``, ``transformer``, ``mamba2``, ``hgrn2``, ``delta_net``, ``samba``), one
+list of them (``fox_models.registry``). Importing this package registers the configs, models and tokenizer
+with the transformers Auto classes.
 """
 
 from fox_models.cache import FoxCache

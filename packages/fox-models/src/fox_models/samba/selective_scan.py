@@ -130,12 +130,11 @@ def _fwd_op(
 
 @_fwd_op.register_fake
 def _(x, dt, A, B, C, D, z, dt_bias, initial_state, save_states):
-    from fox_models.samba.selective_scan_triton import BLOCK_T, CHUNK_TILES
+    from fox_models.samba.selective_scan_triton import n_chunks
 
     batch, T, E = x.shape
     N = A.shape[1]
-    chunks = -(-T // (BLOCK_T * CHUNK_TILES))
-    states = x.new_empty((batch, chunks, E, N) if save_states else (0,), dtype=torch.float32)
+    states = x.new_empty((batch, n_chunks(T), E, N) if save_states else (0,), dtype=torch.float32)
     return x.new_empty(x.shape), x.new_empty(batch, E, N, dtype=torch.float32), states
 
 

@@ -6,7 +6,7 @@ tile the recurrence ``h_t = a_t h_{t-1} + b_t`` is an associative scan over the 
 composed as affine maps), so a tile costs a log2(BLOCK_T)-deep scan instead of BLOCK_T dependent steps,
 and the time loop carries one state from tile to tile.
 
-The forward saves the state at the start of every chunk of ``CHUNK_TILES`` tiles (float32). The backward
+The forward saves the state at the start of every chunk of ``CHUNK`` steps (float32). The backward
 walks the chunks in reverse: it recomputes the tile-start states of one chunk from its saved state into a
 small per-program scratch buffer, then runs the chunk's tiles in reverse, each recomputing its states and
 scanning the state gradient ``g_t = C_t dy_t + a_{t+1} g_{t+1}`` backwards (a reversed associative scan),
@@ -26,9 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-# Time steps per tile, channels per program, warps; chunk of tiles between two saved states.
-BLOCK_T, BLOCK_E, NUM_WARPS = 16, 16, 4
-CHUNK_TILES = 16
+# Time steps between two states the forward saves for the backward (a multiple of every BLOCK_T).
+CHUNK = 256
+# (BLOCK_T time steps per tile, BLOCK_E channels per program, warps) of each pass. With 8 channels a program,
+# a 760M layer (3072 channels) runs 384 programs per sequence, so one 16k-token sequence fills an H100;
+# on sm90 neither pass spills registers (ptxas: 72 forward, 216 backward).
+FORWARD = (16, 8, 4)
+BACKWARD = (16, 8, 4)
 
 
 @triton.jit
@@ -238,24 +242,23 @@ def _z_strides(z):
     return z, z.stride(0), z.stride(1)
 
 
-def _blocks(N: int):
-    return BLOCK_T, BLOCK_E, triton.next_power_of_2(N), NUM_WARPS
+def n_chunks(T: int) -> int:
+    return triton.cdiv(T, CHUNK)
 
 
 def scan_forward(x, dt, A, B, C, D, z, dt_bias, initial_state, save_states: bool, blocks=None):
     """-> (out (batch, T, E) in x's dtype, final state (batch, E, N) float32, chunk-start states
-    (batch, chunks, E, N) float32, empty without ``save_states``). ``blocks``: (BLOCK_T, BLOCK_E, BLOCK_N,
-    num_warps) instead of the defaults (benchmarks)."""
+    (batch, chunks, E, N) float32, empty without ``save_states``). ``blocks``: (BLOCK_T, BLOCK_E, num_warps)
+    instead of ``FORWARD`` (benchmarks)."""
     x, dt = x.contiguous(), dt.contiguous()
     Bt, T, E = x.shape
     N = A.shape[1]
     B, C, sbc_b, sbc_t = _strides_bc(B, C)
     z, sz_b, sz_t = _z_strides(z)
-    block_t, block_e, block_n, num_warps = blocks or _blocks(N)
-    n_chunks = triton.cdiv(triton.cdiv(T, block_t), CHUNK_TILES)
+    block_t, block_e, num_warps = blocks or FORWARD
     out = torch.empty_like(x)
     final = x.new_empty(Bt, E, N, dtype=torch.float32)
-    states = x.new_empty((Bt, n_chunks, E, N) if save_states else (0,), dtype=torch.float32)
+    states = x.new_empty((Bt, n_chunks(T), E, N) if save_states else (0,), dtype=torch.float32)
     A = A.float().contiguous()
     Dp = None if D is None else D.float().contiguous()
     bias = None if dt_bias is None else dt_bias.float().contiguous()
@@ -264,7 +267,7 @@ def scan_forward(x, dt, A, B, C, D, z, dt_bias, initial_state, save_states: bool
     _fwd_kernel[grid](
         x, dt, z, B, C, A, Dp, bias, h0, out, final, states,
         T, E, N, sz_b, sz_t, sbc_b, sbc_t,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_N=block_n, CHUNK_TILES=CHUNK_TILES,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_N=triton.next_power_of_2(N), CHUNK_TILES=CHUNK // block_t,
         HAS_Z=z is not None, HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_H0=initial_state is not None,
         SAVE_STATES=save_states, num_warps=num_warps,
     )
@@ -273,14 +276,16 @@ def scan_forward(x, dt, A, B, C, D, z, dt_bias, initial_state, save_states: bool
 
 def scan_backward(dout, x, dt, A, B, C, D, z, dt_bias, states, blocks=None):
     """Gradients (dx, ddt, dA, dB, dC, dD, dz, ddt_bias), None for an absent input; dA, dD and ddt_bias
-    float32, the others in their input's dtype."""
+    float32, the others in their input's dtype. ``blocks``: (BLOCK_T, BLOCK_E, num_warps) instead of
+    ``BACKWARD``."""
     x, dt, dout = x.contiguous(), dt.contiguous(), dout.contiguous()
     Bt, T, E = x.shape
     N = A.shape[1]
     B_in, C_in = B, C
     B, C, sbc_b, sbc_t = _strides_bc(B, C)
     z, sz_b, sz_t = _z_strides(z)
-    block_t, block_e, block_n, num_warps = blocks or _blocks(N)
+    block_t, block_e, num_warps = blocks or BACKWARD
+    block_n, chunk_tiles = triton.next_power_of_2(N), CHUNK // block_t
     n_eblocks = triton.cdiv(E, block_e)
     f32 = dict(device=x.device, dtype=torch.float32)
     dx, ddt = torch.empty_like(x), torch.empty_like(dt)
@@ -290,7 +295,7 @@ def scan_backward(dout, x, dt, A, B, C, D, z, dt_bias, states, blocks=None):
     dA = torch.empty(Bt, E, N, **f32)
     dD = None if D is None else torch.empty(Bt, E, **f32)
     dbias = None if dt_bias is None else torch.empty(Bt, E, **f32)
-    scratch = torch.empty(Bt * n_eblocks * CHUNK_TILES * block_e * block_n, **f32)
+    scratch = torch.empty(Bt * n_eblocks * chunk_tiles * block_e * block_n, **f32)
     A = A.float().contiguous()
     Dp = None if D is None else D.float().contiguous()
     bias = None if dt_bias is None else dt_bias.float().contiguous()
@@ -298,7 +303,7 @@ def scan_backward(dout, x, dt, A, B, C, D, z, dt_bias, states, blocks=None):
         x, dt, z, B, C, A, Dp, bias, dout, states, scratch,
         dx, ddt, dz, dB_part, dC_part, dA, dD, dbias,
         T, E, N, sz_b, sz_t, sbc_b, sbc_t,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_N=block_n, CHUNK_TILES=CHUNK_TILES,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_N=block_n, CHUNK_TILES=chunk_tiles,
         HAS_Z=z is not None, HAS_D=D is not None, HAS_BIAS=dt_bias is not None, num_warps=num_warps,
     )
     return (dx, ddt, dA.sum(0), dB_part.sum(0).to(B_in.dtype), dC_part.sum(0).to(C_in.dtype),
