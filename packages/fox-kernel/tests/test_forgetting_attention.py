@@ -377,6 +377,33 @@ def test_auto_pruning_bound_of_the_forward(device_dtype, varlen):
     assert torch.equal(pruned, out)
 
 
+@pytest.mark.parametrize("log_tolerance", [-10.0, -3.0])
+def test_auto_threshold_takes_any_tolerance(device_dtype, log_tolerance):
+    """AutoThreshold(ln eps) prunes by the q/k-norm bound with that eps: "auto" is AutoThreshold(-10), the
+    per-head bound handed to the backward is pruning_threshold's with that eps, and the output stays within
+    eps of the exact one (a loose eps drops more)."""
+    from fox_kernel import AutoThreshold
+    from fox_kernel.pruning import pruning_threshold
+
+    device, dtype = device_dtype
+    q, k, v, lf = (x.detach() for x in _inputs(2, 300, 300, 2, 1, 32, device, dtype, speed="fast", seed=4))
+    sm_scale = 32**-0.5
+    out, _, thr = torch.ops.fox_kernel.forgetting_attention_fwd(q, k, v, lf, None, None, sm_scale, None,
+                                                                log_tolerance)
+    want = pruning_threshold(q.double().cpu(), k.double().cpu(), sm_scale, 300, log_tolerance).double()
+    torch.testing.assert_close(thr.double().cpu(), want, rtol=1e-4, atol=1e-4)
+    pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=AutoThreshold(log_tolerance))
+    assert torch.equal(pruned, out)
+    if log_tolerance == -10.0:
+        assert torch.equal(pruned, forgetting_attention(q, k, v, lf, adaptive_threshold="auto"))
+    exact = forgetting_attention(q, k, v, lf)
+    rounding = 1e-5 if dtype == torch.float32 else 2e-2
+    bound = 2 * math.exp(log_tolerance) * v.abs().max().item()
+    assert (pruned.float() - exact.float()).abs().max().item() <= bound + rounding
+    with pytest.raises(ValueError, match="log_pruning_tolerance"):
+        AutoThreshold(0.0)
+
+
 @pytest.mark.parametrize("mode", ["fused", "two-pass"])
 def test_pruning_in_the_backward_pass(device_dtype, mode):
     device, dtype = device_dtype

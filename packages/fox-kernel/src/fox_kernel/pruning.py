@@ -69,7 +69,8 @@ def threshold_from_qk_norm(q_weight_max, k_weight_max, head_dim, t_k, log_prunin
 
 
 def pruning_threshold(q, k, sm_scale, t_k, log_eps=DEFAULT_LOG_TOLERANCE, rows=None):
-    """The bound from the q/k norms, per (row, head): (B or N, H) float32 (float64 for float64 inputs).
+    """The bound from the q/k norms, per (row, head): (B or N, H) float32 (the norms of float64 inputs are
+    taken in float64).
 
     q (B, Tq, H, D), k (B, Tk, Hkv, D); rows: (N+1,) cu_seqlens to bound each packed sequence alone.
     """
