@@ -68,7 +68,7 @@ def threshold_from_qk_norm(q_weight_max, k_weight_max, head_dim, t_k, log_prunin
     return bound(u, t_k, log_pruning_tolerance)[None]
 
 
-def pruning_threshold(q, k, sm_scale, t_k, log_eps=DEFAULT_LOG_TOLERANCE, rows=None):
+def pruning_threshold(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOLERANCE, rows=None):
     """The bound from the q/k norms, per (row, head): (B or N, H) float32 (the norms of float64 inputs are
     taken in float64).
 
@@ -78,18 +78,18 @@ def pruning_threshold(q, k, sm_scale, t_k, log_eps=DEFAULT_LOG_TOLERANCE, rows=N
     if rows is None and q.is_cuda and k.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1:
         # one read of q and k by a Triton reduction (torch's norm over a 64-128 wide axis is ~5x slower),
         # and the bound in a second launch: with torch ops in between it took ~200 us at T=16k on an H200
-        return auto_threshold(q, k, sm_scale, t_k, log_eps)
+        return auto_threshold(q, k, sm_scale, t_k, log_pruning_tolerance)
     # Norms in float32 without materialising float32 copies of q and k.
     acc = torch.promote_types(q.dtype, torch.float32)  # float32, or float64 for float64 inputs
     qn = torch.linalg.vector_norm(q, dim=-1, dtype=acc)  # (B, Tq, H)
     kn = torch.linalg.vector_norm(k, dim=-1, dtype=acc).repeat_interleave(group, dim=-1)
     if rows is None:
-        return threshold_from_norms(qn.amax(dim=1), kn.amax(dim=1), sm_scale, t_k, log_eps).contiguous()
+        return threshold_from_norms(qn.amax(dim=1), kn.amax(dim=1), sm_scale, t_k, log_pruning_tolerance).contiguous()
     bounds = rows.tolist()
     per_seq = []
     for s, e in zip(bounds[:-1], bounds[1:]):
         per_seq.append(threshold_from_norms(qn[0, s:e].amax(dim=0), kn[0, s:e].amax(dim=0), sm_scale, e - s,
-                                            log_eps))
+                                            log_pruning_tolerance))
     return torch.stack(per_seq).contiguous()
 
 
@@ -111,7 +111,7 @@ def _head_threshold_kernel(N2, OUT, H, HKV, GROUP, sm_scale, offset, BLOCK_H: tl
     tl.store(OUT + b * H + h, -2.0 * tl.sqrt(qn2 * kn2) * tl.abs(sm_scale) + offset, mask=mask)
 
 
-def auto_threshold(q, k, sm_scale, t_k, log_eps):
+def auto_threshold(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOLERANCE):
     """``pruning_threshold`` of CUDA (or interpreted) tensors without packed sequences: (B, H) float32 from
     one Triton read of q and k and one small launch."""
     B, _, H, _ = q.shape
@@ -119,6 +119,6 @@ def auto_threshold(q, k, sm_scale, t_k, log_eps):
     out = torch.empty(B, H, dtype=torch.float32, device=q.device)
     if B > 0:
         _head_threshold_kernel[(B,)](n2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
-                                     float(bound(0.0, t_k, log_eps)), BLOCK_H=triton.next_power_of_2(H),
+                                     float(bound(0.0, t_k, log_pruning_tolerance)), BLOCK_H=triton.next_power_of_2(H),
                                      num_warps=1)
     return out

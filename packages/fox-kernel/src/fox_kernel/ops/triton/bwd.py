@@ -92,7 +92,6 @@ def _dkdv_kernel(
     stride_dvb, stride_dvt, stride_dvh = dv_strides
     stride_cb, stride_ch = c_strides
     stride_lb, stride_lh = lse_strides
-    stride_qab, stride_qah, stride_qad = dq_acc_strides
     pid_n, pid_bh, n_blk = block_and_head(HEADS_FIRST, False)
     b = pid_bh // HKV
     hk = pid_bh % HKV
@@ -123,8 +122,14 @@ def _dkdv_kernel(
         do_ptrs = DO + row * stride_dob + h * stride_doh + bos * stride_dot + offs_d[None, :]
         lse_ptr = LSE + row * stride_lb + h * stride_lh + bos
         delta_ptr = DELTA + row * stride_lb + h * stride_lh + bos
-        dq_ptr = DQ_ACC + row * stride_qab + h * stride_qah + bos
-        dcrow_ptr = DC_ROW + row * stride_lb + h * stride_lh + bos
+        if FUSED_DQ:
+            stride_qab, stride_qah, stride_qad = dq_acc_strides
+            dq_ptr = DQ_ACC + row * stride_qab + h * stride_qah + bos
+            dcrow_ptr = DC_ROW + row * stride_lb + h * stride_lh + bos
+        else:
+            stride_qad = None
+            dq_ptr = None
+            dcrow_ptr = None
         m_hi = m_end
         if HAS_THRESH:
             m_hi = tl.load(RANGE + (b * H + h).to(tl.int64) * n_blk + pid_n)
