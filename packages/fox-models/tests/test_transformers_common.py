@@ -564,14 +564,23 @@ def test_past_key_values_format():
     pass
 
 
-@pytest.mark.skip(reason="a static (preallocated) cache is not implemented for these models: generate() refuses "
-                  "cache_implementation='static' with a clear error (test_generate_with_static_cache, "
-                  "test_generate_compile_model_forward and the static-cache inputs_embeds test need it)")
+@pytest.mark.skip(reason="transformers' test builds its own StaticCache of (B, H, T, D) key/value pairs; these "
+                  "models' static cache is StaticFoxCache (K, V in the kernel's format plus prefix sums and shift "
+                  "states), tested in tests/test_static_cache.py and test_static_cache_is_taken_or_refused_clearly; "
+                  "its decoding is captured as a CUDA graph, not traced by torch.compile")
 def test_generate_with_static_cache():
     pass
 
 
-def test_static_cache_is_refused_clearly(tester):
+def test_static_cache_is_taken_or_refused_clearly(tester):
+    """The attention models decode with a static cache as with their own (tests/test_static_cache.py); the
+    recurrent ones refuse it in one line; other cache implementations are refused by all."""
     model, ids = tester.model(), tester.inputs()["input_ids"]
-    with pytest.raises(ValueError, match="cache_implementation"):
-        model.generate(ids, max_new_tokens=2, cache_implementation="static", **GREEDY)
+    if type(model.model.new_cache()).__name__ == "FoxCache":
+        want = model.generate(ids, max_new_tokens=3, **GREEDY)
+        assert torch.equal(model.generate(ids, max_new_tokens=3, cache_implementation="static", **GREEDY), want)
+    else:
+        with pytest.raises(ValueError, match="a static cache is for the attention models"):
+            model.generate(ids, max_new_tokens=2, cache_implementation="static", **GREEDY)
+    with pytest.raises(ValueError, match="cache_implementation='offloaded' is not supported"):
+        model.generate(ids, max_new_tokens=2, cache_implementation="offloaded", **GREEDY)
