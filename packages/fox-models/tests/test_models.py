@@ -323,3 +323,19 @@ def test_presets_instantiate_on_meta_with_paper_sizes(name):
     assert abs(n - size) / size < 0.1, (name, n)
     if name.endswith("760m"):
         assert abs(n - 760e6) / 760e6 < 0.03, (name, n)
+
+
+@pytest.mark.parametrize("fgate_type", ["full", "bias_only", "fixed"])
+def test_decay_time_gate_bias_init_survives_the_weight_init(fgate_type):
+    """fgate_bias_init: every layer's gate bias is the decay-time init after from_config (a full gate's
+    bias lives on its Linear, whose own init zeroes it first)."""
+    from fox_layers import decay_time_bias
+
+    config = get_preset("fox-pro-tiny", fgate_type=fgate_type, fgate_bias_init=True, decay_time_min=2,
+                        decay_time_max=300)
+    model = AutoModelForCausalLM.from_config(config)
+    for block in model.model.layers:
+        attn = block.attn
+        bias = attn.fgate_proj.bias if fgate_type == "full" else attn.fgate_bias
+        torch.testing.assert_close(bias.detach(), decay_time_bias(attn.num_heads, 2, 300))
+        assert bias.abs().min() > 0

@@ -239,6 +239,9 @@ class ForgettingAttentionLayer(nn.Module):
         self.decay_times = (decay_time_min, decay_time_max) if needs_times else None
         if fgate_type == "full":
             self.fgate_proj = nn.Linear(hidden_size, num_heads, bias=True)
+            # read by models' weight init, which reaches the Linear itself (transformers 5 skips modules that
+            # hold no parameters directly, such as this layer with a full gate)
+            self.fgate_proj.decay_times = self.decay_times
         elif fgate_type == "bias_only":
             self.fgate_bias = nn.Parameter(torch.zeros(num_heads))
         elif fgate_type == "fixed":

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm
+from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, decay_time_bias
 from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import GenerationMixin
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
@@ -147,6 +147,9 @@ class _FoxPreTrainedBase(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
+                times = getattr(module, "decay_times", None)  # a full forget gate's decay-time bias init
+                if times is not None:
+                    init.copy_(module.bias, decay_time_bias(module.out_features, *times))
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, (RMSNorm, GroupRMSNorm)) and module.weight is not None:
