@@ -211,9 +211,10 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         cache_implementation="static")`` asks for one of ``max_length - 1``). The model keeps the last one
         and hands it out again, emptied, for the same capacity: its buffers and its captured decoding step
         are reused by the next generate() call of the same shape."""
-        if type(self.model.new_cache()) is not FoxCache:
+        own = type(self.model.new_cache())
+        if own is not FoxCache:
             raise ValueError(f"a static cache is for the attention models (FoX, the Transformer); "
-                             f"{type(self).__name__} decodes with {type(self.model.new_cache()).__name__}")
+                             f"{type(self).__name__} decodes with {own.__name__}")
         cache = self.__dict__.get("_static_cache")
         if cache is None or cache.capacity != capacity or len(cache.layers) != len(self.model.layers):
             cache = StaticFoxCache(len(self.model.layers), capacity)

@@ -155,10 +155,6 @@ class StaticFoxCache(FoxCache):
         self._graph = None
         self._warm_key = None
 
-    def reset(self) -> None:
-        for layer in self.layers:
-            layer.reset()
-
     def _key(self):
         """What a captured step depends on besides the buffers' contents: their addresses, and the prompt
         length (the token shift's padding test takes the step's position as a number)."""
