@@ -1,0 +1,62 @@
+"""flash-linear-attention's own model of a recurrent baseline's configuration, for side-by-side speed.
+
+The paper's recurrent baselines (Mamba-2, HGRN2, DeltaNet) were trained with flash-linear-attention's
+models; ours keep the released checkpoint format and fields. ``fla_config(config)`` translates one of our
+configs into flash-linear-attention's config of the same model (same widths, heads, state, convolution,
+MLP and vocabulary, hence the same parameter count), and ``fla_model(config)`` builds that model, so a
+benchmark can time both in one run. Needs ``fox-models[baselines]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+# our field -> flash-linear-attention's field, where the names differ
+_RENAMED = {
+    "mamba2-project_fox": {"layer_norm_epsilon": "norm_eps", "time_step_min": "dt_min", "time_step_max": "dt_max",
+                           "time_step_floor": "dt_init_floor", "time_step_limit": "dt_limit",
+                           "rms_norm": "rmsnorm"},
+    "hgrn2-project_fox": {},
+    "delta_net-project_fox": {},
+}
+# model_type -> names of flash-linear-attention's config and causal-LM classes in fla.models
+_CLASSES = {
+    "mamba2-project_fox": ("Mamba2Config", "Mamba2ForCausalLM"),
+    "hgrn2-project_fox": ("HGRN2Config", "HGRN2ForCausalLM"),
+    "delta_net-project_fox": ("DeltaNetConfig", "DeltaNetForCausalLM"),
+}
+
+
+def _fla_models():
+    try:
+        import fla.models
+    except ImportError as e:
+        raise ImportError("flash-linear-attention is not installed: pip install 'fox-models[baselines]'") from e
+    return fla.models
+
+
+def fla_config(config):
+    """flash-linear-attention's config of the same model as ``config`` (a Mamba-2, HGRN2 or DeltaNet config).
+
+    Fields with the same meaning are carried over (renamed where flash-linear-attention names them
+    differently); fields flash-linear-attention does not have are dropped, and its own options (fused norms,
+    fused SwiGLU, fused loss) keep their defaults, as its users get them.
+    """
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _CLASSES:
+        raise ValueError(f"config: flash-linear-attention has a model of {sorted(_CLASSES)}, got {model_type!r}")
+    config_cls = getattr(_fla_models(), _CLASSES[model_type][0])
+    accepted = set(inspect.signature(config_cls.__init__).parameters) - {"self", "kwargs"}
+    renamed = _RENAMED[model_type]
+    fields = {renamed.get(k, k): v for k, v in config.to_dict().items()}
+    fields = {k: v for k, v in fields.items() if k in accepted}
+    if "dt_limit" in fields:
+        fields["dt_limit"] = tuple(fields["dt_limit"])
+    return config_cls(**fields)
+
+
+def fla_model(config):
+    """flash-linear-attention's causal LM of the same model as ``config``, freshly initialised."""
+    model_cls = getattr(_fla_models(), _CLASSES.get(config.model_type, ("", ""))[1], None)
+    cfg = fla_config(config)
+    return model_cls(cfg)

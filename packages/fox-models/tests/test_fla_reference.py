@@ -1,0 +1,70 @@
+"""flash-linear-attention's model of a baseline's config is the same model: same parameters, same shapes."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from fox_models.presets import get_preset
+
+pytest.importorskip("fla.models")
+
+from fox_models.fla_reference import fla_config, fla_model  # noqa: E402
+
+KINDS = ["mamba2", "hgrn2", "delta_net"]
+SIZES = ["tiny", "125m", "360m", "760m"]
+
+
+def _shapes(model):
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def _split_fused_mlp(shapes):
+    """Our released layout fuses the SwiGLU's gate and up projections into one ``gate_proj`` of twice the
+    rows; flash-linear-attention keeps them apart. The shapes with ours split the same way."""
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("mlp.gate_proj.weight"):
+            half = (shape[0] // 2, shape[1])
+            out[name] = half
+            out[name.replace("gate_proj", "up_proj")] = half
+        else:
+            out[name] = shape
+    return out
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_fla_model_has_our_parameters(kind, size):
+    config = get_preset(f"{kind}-{size}")
+    with torch.device("meta"):
+        ours = AutoModelForCausalLM.from_config(config)
+        theirs = fla_model(config)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    assert _split_fused_mlp(_shapes(ours)) == _shapes(theirs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fla_config_carries_every_shared_field(kind):
+    config = get_preset(f"{kind}-760m")
+    theirs = fla_config(config)
+    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "bos_token_id", "eos_token_id",
+                  "tie_word_embeddings", "initializer_range"):
+        assert getattr(theirs, field) == getattr(config, field), field
+    if kind == "mamba2":
+        pairs = {"norm_eps": "layer_norm_epsilon", "dt_min": "time_step_min", "dt_max": "time_step_max",
+                 "dt_init_floor": "time_step_floor", "state_size": "state_size", "n_groups": "n_groups",
+                 "head_dim": "head_dim", "expand": "expand", "conv_kernel": "conv_kernel", "chunk_size": "chunk_size"}
+        assert tuple(theirs.dt_limit) == tuple(config.time_step_limit)
+    else:
+        pairs = {"norm_eps": "norm_eps", "num_heads": "num_heads", "hidden_ratio": "hidden_ratio",
+                 "use_short_conv": "use_short_conv", "conv_size": "conv_size", "hidden_act": "hidden_act"}
+        pairs.update({"expand_ratio": "expand_ratio", "use_lower_bound": "use_lower_bound"} if kind == "hgrn2" else
+                     {"qk_norm": "qk_norm", "qk_activation": "qk_activation", "use_beta": "use_beta",
+                      "use_output_norm": "use_output_norm", "use_gate": "use_gate"})
+    for theirs_name, ours_name in pairs.items():
+        assert getattr(theirs, theirs_name) == getattr(config, ours_name), theirs_name
+
+
+def test_fla_config_names_what_it_cannot_translate():
+    with pytest.raises(ValueError, match="config: flash-linear-attention has a model of"):
+        fla_config(get_preset("fox-pro-tiny"))
