@@ -44,6 +44,19 @@ MODELS = [
     ("Transformer (LLaMA, SDPA)", "transformer-llama", {}, False, None),
     ("Transformer (LLaMA, SDPA) + memory budget 0.8", "transformer-llama", {}, False, 0.8),
 ]
+# --baselines: (name, preset family, built by flash-linear-attention); the fla rows are its models of our configs
+BASELINES = [
+    ("Mamba-2", "mamba2", False),
+    ("Mamba-2 (fla's model)", "mamba2", True),
+    ("HGRN2", "hgrn2", False),
+    ("HGRN2 (fla's model)", "hgrn2", True),
+    ("DeltaNet", "delta_net", False),
+    ("DeltaNet (fla's model)", "delta_net", True),
+    ("SAMBA", "samba", False),
+    ("Transformer-SWA", "transformer-swa", False),
+]
+# MFU counts full causal attention FLOPs: only these families have them
+FULL_ATTENTION = {"fox-pro", "fox-llama", "transformer-pro", "transformer-llama"}
 
 
 def kernel_kind(name):
@@ -100,14 +113,22 @@ def set_memory_budget(budget):
 
 
 def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkpointing, compiled,
-            profile_top=0, trace=None, compile_mode=None, memory_budget=None):
+            profile_top=0, trace=None, compile_mode=None, memory_budget=None, fla=False):
+    """One model's row; ``fla``: flash-linear-attention's model of the preset's config instead of ours
+    (eager, its own loss)."""
+    compiled = compiled and not fla
     set_memory_budget(memory_budget if compiled else None)
     extra = dict(extra)
     if "head_dim" in extra:  # as many heads as the hidden size holds
         extra["num_heads"] = SIZES[size][0] // extra.pop("head_dim")
     config = get_preset(f"{family}-{size}", **extra)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).cuda()
+    if fla:
+        from fox_models.fla_reference import fla_model
+
+        model = fla_model(config).cuda()
+    else:
+        model = AutoModelForCausalLM.from_config(config).cuda()
     if checkpointing:
         model.gradient_checkpointing_enable()
     if recompute:
@@ -116,7 +137,8 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
         compile_blocks(model, compile_mode)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    n_params = sum(p.numel() for k, p in model.named_parameters() if k != "model.embeddings.weight")
+    embedding = model.get_input_embeddings().weight
+    n_params = sum(p.numel() for p in model.parameters() if p is not embedding)
     labels = torch.randint(0, config.vocab_size, (1, seq_len), device="cuda")
     inputs = torch.roll(labels, 1, 1)
     torch.cuda.reset_peak_memory_stats()
@@ -125,7 +147,10 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
         if compiled and compile_mode in CUDA_GRAPH_MODES:
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=inputs, labels=labels, per_token_loss=True).loss.mean()
+            if fla:  # its models shift the labels themselves
+                loss = model(input_ids=labels, labels=labels).loss
+            else:
+                loss = model(input_ids=inputs, labels=labels, per_token_loss=True).loss.mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -154,10 +179,12 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
     tps = seq_len / dt
     peak = peak_flops(torch.device("cuda"))
     row = dict(model=name, size=size, seq_len=seq_len, tokens_per_s=tps, step_s=dt,
-               mfu=tps * flops_per_token(config, seq_len, n_params) / peak if peak else None,
+               mfu=tps * flops_per_token(config, seq_len, n_params) / peak
+               if peak and family in FULL_ATTENTION else None,
                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params,
                gc_collections=len(pauses), gc_ms=sum(ms for _, ms in pauses),
-               gc_longest=max(pauses, key=lambda x: x[1], default=None), activation_memory_budget=memory_budget)
+               gc_longest=max(pauses, key=lambda x: x[1], default=None), activation_memory_budget=memory_budget,
+               compiled=compiled)
     if profile_top:
         path = None
         if trace:
@@ -187,12 +214,21 @@ def main():
                     help="with --profile: write a Chrome trace of each profiled step into DIR")
     ap.add_argument("--budgets", nargs="*", type=float, default=[], metavar="B",
                     help="also FoX (Pro) with each of these activation memory budgets (0 < B <= 1), e.g. 0.9 0.95")
+    ap.add_argument("--baselines", action="store_true",
+                    help="the recurrent baselines beside flash-linear-attention's models of their configs, SAMBA "
+                         "and Transformer-SWA, instead of FoX and the Transformers")
     ap.add_argument("--out", default="train_throughput.json")
     args = ap.parse_args()
     if any(not 0 < b <= 1 for b in args.budgets):
         ap.error(f"--budgets: each budget must be in (0, 1], got {args.budgets}")
     swept = {f"FoX (Pro) + memory budget {b:g}": b for b in args.budgets}  # a repeated budget runs once
-    models = MODELS + [(name, "fox-pro", {}, False, b) for name, b in swept.items() if name not in {m[0] for m in MODELS}]
+    if args.baselines and args.budgets:
+        ap.error("--budgets applies to FoX (Pro), which --baselines does not run")
+    if args.baselines:
+        models = [(name, family, {}, False, None, fla) for name, family, fla in BASELINES]
+    else:
+        models = [(*m, False) for m in MODELS] + [(name, "fox-pro", {}, False, b, False) for name, b in swept.items()
+                                                  if name not in {m[0] for m in MODELS}]
     if args.trace and not args.profile:
         ap.error("--trace DIR writes the trace of the profiled step: add --profile N")
     def chosen(name, pattern):
@@ -203,7 +239,7 @@ def main():
         ap.error(f"--models: no model matches {unmatched}; the models are {[name for name, *_ in models]}")
     rows = []
     for size in args.sizes:
-        for name, family, extra, recompute, budget in models:
+        for name, family, extra, recompute, budget, fla in models:
             if args.models and not any(chosen(name, m) for m in args.models):
                 continue
             try:
@@ -211,7 +247,7 @@ def main():
                     extra = {**extra, "fuse_cross_entropy": False}
                 row = measure(name, family, size, extra, recompute, args.seq_len, args.steps, args.warmup,
                               args.checkpointing, args.compile, args.profile, args.trace, args.compile_mode,
-                              budget)
+                              budget, fla)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
                 torch.cuda.empty_cache()
@@ -227,9 +263,11 @@ def main():
                compile=args.compile, compile_mode=args.compile_mode, checkpointing=args.checkpointing,
                fused_loss=not args.unfused_loss)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
-    print(f"{'model':46s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'vs Transformer (LLaMA)':>23s}")
+    reference, label = ("Transformer-SWA", "vs Transformer-SWA") if args.baselines else \
+        ("Transformer (LLaMA", "vs Transformer (LLaMA)")
+    print(f"{'model':46s} {'size':5s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {label:>23s}")
     for size in args.sizes:
-        base = next((r["tokens_per_s"] for r in rows if r["size"] == size and r["model"].startswith("Transformer (LLaMA") and "tokens_per_s" in r), None)
+        base = next((r["tokens_per_s"] for r in rows if r["size"] == size and r["model"].startswith(reference) and "tokens_per_s" in r), None)
         for r in rows:
             if r["size"] != size:
                 continue
@@ -239,6 +277,15 @@ def main():
             ratio = r["tokens_per_s"] / base if base else float("nan")
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
             print(f"{r['model']:46s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
+    if args.baselines:
+        print("\nours against flash-linear-attention's model of the same config (tokens/s ratio, peak memory ratio):")
+        by_name = {(r["model"], r["size"]): r for r in rows if "tokens_per_s" in r}
+        for size in args.sizes:
+            for name, _, fla in BASELINES:
+                ours, theirs = by_name.get((name, size)), by_name.get((f"{name} (fla's model)", size))
+                if not fla and ours and theirs:
+                    print(f"  {name:10s} {size:5s} {ours['tokens_per_s'] / theirs['tokens_per_s']:5.2f}x  "
+                          f"{ours['peak_mem_gib'] / theirs['peak_mem_gib']:5.2f}x memory")
     with open(args.out, "w") as f:
         json.dump(dict(env=env, rows=rows), f, indent=1)
 
