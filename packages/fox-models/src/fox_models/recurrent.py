@@ -1,7 +1,7 @@
-"""What the recurrent baselines (HGRN2, DeltaNet, Mamba-2) share: the config fields of HGRN2 and DeltaNet,
-the decoding state of a recurrent layer, the FoX-layout block around a sequence mixer and the backbone's
-forward (left padding, cache, gradient checkpointing). The LM head, loss convention and generation plumbing
-are those of every model (``fox_models.base``).
+"""What the recurrent baselines (HGRN2, DeltaNet, Mamba-2) share: the sizes of HGRN2 and DeltaNet, the decoding
+state of a recurrent layer, the FoX-layout block around a sequence mixer and the backbone's forward (left
+padding, cache, gradient checkpointing). The LM head, loss convention and generation plumbing are those of
+every model (``fox_models.base``); the config fields, those of every config (``fox_models.configuration_base``).
 
 The sequence mixers run flash-linear-attention's kernels on CUDA when it is installed
 (``pip install fox-models[baselines]``) and a PyTorch recurrence otherwise (``fox_models.recurrent_ops``).
@@ -16,31 +16,6 @@ from transformers import initialization as init
 from fox_layers import RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxPreTrainedBase
 from fox_models.cache import LayerCache, ModelFilledLayer
-from fox_models.compat import ConfigBase
-
-
-class _RecurrentConfig(ConfigBase):
-    """The fields HGRN2's and DeltaNet's configs share (set by ``_common``)."""
-
-    def _common(self, vocab_size, hidden_size, num_hidden_layers, hidden_ratio, intermediate_size, hidden_act,
-                max_position_embeddings, elementwise_affine, norm_eps, use_cache, initializer_range,
-                fuse_cross_entropy, attn_mode):
-        if hidden_act not in ("swish", "silu"):
-            raise ValueError(f"hidden_act must be 'swish' (SwiGLU), got {hidden_act!r}")
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.num_hidden_layers = num_hidden_layers
-        self.hidden_ratio = hidden_ratio
-        self.intermediate_size = intermediate_size
-        self.hidden_act = hidden_act
-        self.max_position_embeddings = max_position_embeddings
-        self.elementwise_affine = elementwise_affine
-        self.norm_eps = norm_eps
-        self.use_cache = use_cache
-        self.initializer_range = initializer_range
-        self.fuse_cross_entropy = fuse_cross_entropy
-        self.attn_mode = attn_mode
-
 
 # The paper's HGRN2 and DeltaNet sizes: size -> (hidden, layers, heads); heads of width 128.
 SIZES = {"125m": (768, 12, 6), "360m": (1024, 24, 8), "760m": (1536, 24, 12)}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fox_models.recurrent import SIZES, _RecurrentConfig, size_fields
+from fox_models.configuration_base import _FoxLayoutConfig
+from fox_models.recurrent import SIZES, size_fields
 
 
-class DeltaNetConfig(_RecurrentConfig):
+class DeltaNetConfig(_FoxLayoutConfig):
     """DeltaNet (Schlag et al. 2021; Yang et al. 2024): the delta rule with short convolutions."""
 
     model_type = "delta_net-project_fox"
@@ -13,8 +14,7 @@ class DeltaNetConfig(_RecurrentConfig):
 
     def __init__(
         self,
-        vocab_size: int = 32000,
-        hidden_size: int = 2048,
+        *,
         expand_k: float = 1,
         expand_v: float = 1,
         use_gate: bool = False,
@@ -22,25 +22,11 @@ class DeltaNetConfig(_RecurrentConfig):
         conv_size: int = 4,
         use_beta: bool = True,
         use_output_norm: bool = True,
-        hidden_ratio: float = 4,
-        intermediate_size: int | None = None,
-        num_hidden_layers: int = 24,
         num_heads: int = 16,
         attn_mode: str = "chunk",
         qk_norm: str = "l2",
         qk_activation: str = "silu",
-        hidden_act: str = "swish",
-        max_position_embeddings: int = 2048,
         norm_first: bool = False,
-        norm_eps: float = 1e-6,
-        use_cache: bool = True,
-        pad_token_id: int | None = None,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
-        tie_word_embeddings: bool = False,
-        initializer_range: float = 0.02,
-        fuse_cross_entropy: bool = True,
-        elementwise_affine: bool = True,
         **kwargs,
     ):
         unsupported = dict(use_gate=(use_gate, False), norm_first=(norm_first, False), qk_norm=(qk_norm, "l2"),
@@ -48,9 +34,6 @@ class DeltaNetConfig(_RecurrentConfig):
         for name, (got, want) in unsupported.items():
             if got != want:
                 raise ValueError(f"{name}={got!r} is not supported (the paper's DeltaNet uses {want!r})")
-        self._common(vocab_size, hidden_size, num_hidden_layers, hidden_ratio, intermediate_size, hidden_act,
-                     max_position_embeddings, elementwise_affine, norm_eps, use_cache, initializer_range,
-                     fuse_cross_entropy, attn_mode)
         self.expand_k = expand_k
         self.expand_v = expand_v
         self.use_gate = use_gate
@@ -59,11 +42,11 @@ class DeltaNetConfig(_RecurrentConfig):
         self.use_beta = use_beta
         self.use_output_norm = use_output_norm
         self.num_heads = num_heads
+        self.attn_mode = attn_mode
         self.qk_norm = qk_norm
         self.qk_activation = qk_activation
         self.norm_first = norm_first
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(**kwargs)
 
 
 # preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): short convolutions of 4

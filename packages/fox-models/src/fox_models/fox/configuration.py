@@ -3,66 +3,34 @@
 from __future__ import annotations
 
 from fox_kernel.ops import checks
-from fox_models.compat import ConfigBase
+from fox_models.configuration_base import _FoxLayoutConfig
 
 
-class _DecoderConfig(ConfigBase):
-    """Fields shared by the FoX and Transformer configs (sizes, norms, tokens, RoPE base)."""
+class _DecoderConfig(_FoxLayoutConfig):
+    """Fields shared by the FoX and Transformer configs (heads, window, attention bias, RoPE base)."""
 
     # transformers' standard names (generation, PEFT and the common tests read them) for the published ones
     attribute_map = {"num_attention_heads": "num_heads"}
 
     def __init__(
         self,
-        vocab_size: int = 32000,
-        hidden_size: int = 2048,
-        hidden_ratio: float = 4,
-        intermediate_size: int | None = None,
-        num_hidden_layers: int = 24,
+        *,
         num_heads: int = 32,
         num_kv_heads: int | None = None,
-        hidden_act: str = "swish",
         window_size: int | None = None,
-        max_position_embeddings: int = 2048,
-        initializer_range: float = 0.02,
-        elementwise_affine: bool = True,
-        norm_eps: float = 1e-6,
-        use_cache: bool = True,
-        pad_token_id: int | None = None,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
-        tie_word_embeddings: bool = False,
         attention_bias: bool = False,
         fuse_norm: bool = True,
-        fuse_cross_entropy: bool = True,
         rope_base: float = 500000.0,
         **kwargs,
     ):
         checks.require_window_size(window_size)
-        if hidden_act not in ("swish", "silu"):
-            raise ValueError(f"hidden_act must be 'swish' (SwiGLU), got {hidden_act!r}")
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.hidden_ratio = hidden_ratio
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
-        self.hidden_act = hidden_act
         self.window_size = window_size
-        self.max_position_embeddings = max_position_embeddings
-        self.initializer_range = initializer_range
-        self.elementwise_affine = elementwise_affine
-        self.norm_eps = norm_eps
-        self.use_cache = use_cache
         self.attention_bias = attention_bias
         self.fuse_norm = fuse_norm
-        self.fuse_cross_entropy = fuse_cross_entropy
         self.rope_base = rope_base
-        super().__init__(
-            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings, **kwargs,
-        )
+        super().__init__(**kwargs)
 
 
 class ForgettingTransformerConfig(_DecoderConfig):
@@ -77,6 +45,7 @@ class ForgettingTransformerConfig(_DecoderConfig):
 
     def __init__(
         self,
+        *,
         use_rope: bool = False,
         use_output_gate: bool = False,
         ogate_act: str = "sigmoid",

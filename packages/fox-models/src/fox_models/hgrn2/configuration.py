@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fox_models.recurrent import SIZES, _RecurrentConfig, size_fields
+from fox_models.configuration_base import _FoxLayoutConfig
+from fox_models.recurrent import SIZES, size_fields
 
 
-class HGRN2Config(_RecurrentConfig):
+class HGRN2Config(_FoxLayoutConfig):
     """HGRN2 (Qin et al. 2024): gated linear attention with forget-gate-tied input gates."""
 
     model_type = "hgrn2-project_fox"
@@ -13,9 +14,8 @@ class HGRN2Config(_RecurrentConfig):
 
     def __init__(
         self,
-        vocab_size: int = 32000,
+        *,
         hidden_size: int = 2048,
-        num_hidden_layers: int = 24,
         attn_mode: str = "chunk",
         num_heads: int | None = None,
         expand_ratio: int | None = 128,
@@ -23,19 +23,6 @@ class HGRN2Config(_RecurrentConfig):
         conv_size: int = 4,
         use_lower_bound: bool = True,
         apply_lower_bound: bool = False,
-        hidden_ratio: float = 4,
-        intermediate_size: int | None = None,
-        hidden_act: str = "swish",
-        max_position_embeddings: int = 2048,
-        elementwise_affine: bool = True,
-        norm_eps: float = 1e-6,
-        use_cache: bool = True,
-        pad_token_id: int | None = None,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
-        tie_word_embeddings: bool = False,
-        initializer_range: float = 0.02,
-        fuse_cross_entropy: bool = True,
         **kwargs,
     ):
         if use_short_conv:
@@ -45,17 +32,14 @@ class HGRN2Config(_RecurrentConfig):
         if apply_lower_bound and num_heads is not None and expand_ratio is not None and num_heads * expand_ratio != hidden_size:
             raise ValueError(f"apply_lower_bound needs num_heads * expand_ratio == hidden_size (one bound per forget "
                              f"channel), got {num_heads} * {expand_ratio} != {hidden_size}")
-        self._common(vocab_size, hidden_size, num_hidden_layers, hidden_ratio, intermediate_size, hidden_act,
-                     max_position_embeddings, elementwise_affine, norm_eps, use_cache, initializer_range,
-                     fuse_cross_entropy, attn_mode)
+        self.attn_mode = attn_mode
         self.num_heads = num_heads
         self.expand_ratio = expand_ratio
         self.use_short_conv = use_short_conv
         self.conv_size = conv_size
         self.use_lower_bound = use_lower_bound
         self.apply_lower_bound = apply_lower_bound
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(hidden_size=hidden_size, **kwargs)
 
 
 # preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): expand ratio 128

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import math
 
-from fox_models.compat import ConfigBase
+from fox_models.configuration_base import _FoxConfigBase
 
 
-class Mamba2Config(ConfigBase):
+class Mamba2Config(_FoxConfigBase):
     """Mamba-2 (Dao & Gu 2024), field names and defaults as in the released configs."""
 
     model_type = "mamba2-project_fox"
 
     def __init__(
         self,
+        *,
         num_heads: int = 64,
         head_dim: int = 64,
-        vocab_size: int = 32000,
         hidden_size: int = 2048,
         state_size: int = 64,
         num_hidden_layers: int = 48,
         layer_norm_epsilon: float = 1e-5,
         pad_token_id: int = 0,
-        bos_token_id: int = 1,
-        eos_token_id: int = 2,
         expand: int = 2,
         conv_kernel: int = 4,
         n_groups: int = 8,
@@ -38,11 +36,8 @@ class Mamba2Config(ConfigBase):
         time_step_floor: float = 1e-4,
         time_step_limit=(0.0, float("inf")),
         rescale_prenorm_residual: bool = True,
-        use_cache: bool = True,
         rms_norm: bool = True,
         chunk_size: int = 256,
-        fuse_cross_entropy: bool = True,
-        tie_word_embeddings: bool = False,
         **kwargs,
     ):
         if num_heads * head_dim != expand * hidden_size:
@@ -50,21 +45,14 @@ class Mamba2Config(ConfigBase):
                              f"!= {expand} * {hidden_size}")
         if num_heads % n_groups:
             raise ValueError(f"num_heads {num_heads} must be divisible by n_groups {n_groups}")
-        if hidden_act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act must be 'silu', got {hidden_act!r}")
         if not rms_norm:
             raise ValueError("rms_norm=False is not supported (the released Mamba-2 uses the gated RMSNorm)")
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
         self.state_size = state_size
-        self.num_hidden_layers = num_hidden_layers
         self.layer_norm_epsilon = layer_norm_epsilon
         self.conv_kernel = conv_kernel
         self.expand = expand
         self.use_bias = use_bias
         self.use_conv_bias = use_conv_bias
-        self.hidden_act = hidden_act
-        self.initializer_range = initializer_range
         self.time_step_rank = math.ceil(hidden_size / 16) if time_step_rank == "auto" else time_step_rank
         self.time_step_min = time_step_min
         self.time_step_max = time_step_max
@@ -72,15 +60,13 @@ class Mamba2Config(ConfigBase):
         self.time_step_limit = tuple(time_step_limit)
         self.rescale_prenorm_residual = rescale_prenorm_residual
         self.residual_in_fp32 = residual_in_fp32
-        self.use_cache = use_cache
         self.n_groups = n_groups
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.rms_norm = rms_norm
         self.chunk_size = chunk_size
-        self.fuse_cross_entropy = fuse_cross_entropy
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, hidden_act=hidden_act,
+                         initializer_range=initializer_range, pad_token_id=pad_token_id, **kwargs)
 
 
 # The paper's Mamba-2 sizes: size -> (hidden, layers, heads); heads of width 64, state 128, expand 2, one

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 
 from fox_kernel.ops import checks
-from fox_models.compat import ConfigBase
+from fox_models.configuration_base import _FoxConfigBase
 from fox_models.fox.configuration import SIZES, TRANSFORMER_HEADS
 
 _ATTN_KEYS = ("num_heads", "num_kv_heads", "window_size", "layers")
 
 
-class SambaConfig(ConfigBase):
+class SambaConfig(_FoxConfigBase):
     """SAMBA (Ren et al. 2024): Mamba layers and sliding-window attention layers, alternating.
 
     ``attn`` describes the attention layers as the reference does: ``{"num_heads", "num_kv_heads",
@@ -28,20 +28,17 @@ class SambaConfig(ConfigBase):
 
     def __init__(
         self,
-        vocab_size: int = 32000,
+        *,
         hidden_size: int = 2304,
         state_size: int = 16,
         num_hidden_layers: int = 18,
         norm_eps: float = 1e-5,
         pad_token_id: int | None = 0,
-        bos_token_id: int | None = 1,
-        eos_token_id: int | None = 2,
         expand: int = 2,
         conv_kernel: int = 4,
         use_bias: bool = False,
         use_conv_bias: bool = True,
         hidden_act: str = "silu",
-        initializer_range: float = 0.02,
         residual_in_fp32: bool = False,
         time_step_rank="auto",
         time_step_scale: float = 1.0,
@@ -54,18 +51,13 @@ class SambaConfig(ConfigBase):
         attn_hidden_ratio: float | None = 4,
         mamba_hidden_ratio: float | None = 3,
         rescale_prenorm_residual: bool = False,
-        use_cache: bool = True,
         fuse_norm: bool = True,
-        fuse_cross_entropy: bool = True,
-        tie_word_embeddings: bool = False,
         rope_base: float = 500000.0,
         num_heads: int | None = None,
         num_kv_heads: int | None = None,
         window_size: int | None = None,
         **kwargs,
     ):
-        if hidden_act not in ("silu", "swish"):
-            raise ValueError(f"hidden_act must be 'silu', got {hidden_act!r}")
         if residual_in_fp32:
             raise ValueError("residual_in_fp32=True is not supported (the reference SAMBA block adds its residual "
                              "in the activations' dtype)")
@@ -93,18 +85,13 @@ class SambaConfig(ConfigBase):
             checks.require_window_size(attn["window_size"])
             if hidden_size % attn["num_heads"]:
                 raise ValueError(f"hidden_size {hidden_size} must be a multiple of attn num_heads {attn['num_heads']}")
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
         self.state_size = state_size
-        self.num_hidden_layers = num_hidden_layers
         self.norm_eps = norm_eps
         self.expand = expand
         self.intermediate_size = expand * hidden_size
         self.conv_kernel = conv_kernel
         self.use_bias = use_bias
         self.use_conv_bias = use_conv_bias
-        self.hidden_act = hidden_act
-        self.initializer_range = initializer_range
         self.residual_in_fp32 = residual_in_fp32
         self.time_step_rank = math.ceil(hidden_size / 16) if time_step_rank == "auto" else time_step_rank
         self.time_step_scale = time_step_scale
@@ -117,12 +104,10 @@ class SambaConfig(ConfigBase):
         self.attn_hidden_ratio = attn_hidden_ratio
         self.mamba_hidden_ratio = mamba_hidden_ratio
         self.rescale_prenorm_residual = rescale_prenorm_residual
-        self.use_cache = use_cache
         self.fuse_norm = fuse_norm
-        self.fuse_cross_entropy = fuse_cross_entropy
         self.rope_base = rope_base
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         tie_word_embeddings=tie_word_embeddings, **kwargs)
+        super().__init__(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, hidden_act=hidden_act,
+                         pad_token_id=pad_token_id, **kwargs)
 
     def _set_attn(self, key: str, value) -> None:
         if self.attn is None and value is None:
