@@ -162,10 +162,11 @@ def test_a_failed_save_leaves_no_temporary_files(tmp_path, monkeypatch):
         path = Path(path)
         written.append(path)
         path.write_bytes(b"partial")
-        raise OSError(28, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:671] . unexpected pos 15104 vs 14998")  # torch.save's
 
     monkeypatch.setattr(ckpt.DirectTorchIO, "save_checkpoint", full_disk)
-    with pytest.raises(SystemExit, match=r"^fox-train: cannot save checkpoint .*step-00000001: \[Errno 28\] No space left"):
+    with pytest.raises(SystemExit, match=r"^fox-train: cannot save checkpoint .*step-00000001: \[enforce fail .*unexpected "
+                                         r"pos 15104 vs 14998 \(\d+\.\d MiB free on its disk\)$"):
         main([f"out_dir={tmp_path}", "run_name=full", "schedule.total_tokens=256", "export=false", *SMALL])
     root = tmp_path / "full" / "checkpoints"
     assert written and written[0].parent == root / ".tmp-step-00000001"
@@ -292,3 +293,25 @@ def test_metrics_keep_the_steps_up_to_the_checkpoint(tmp_path):
         "step,key,value", "0,loss,10.0", "1,loss,9.0", "2,loss,8.0", "3,loss,7.0", "4,loss,0.5"]
     MetricsWriter(tmp_path, {}, False, False, "fox").close()
     assert (tmp_path / "metrics.jsonl").read_text() == "" and not (tmp_path / "metrics.csv").exists()
+
+
+def test_a_full_disk_while_writing_tokens_is_one_line_and_leaves_no_part(tmp_path, monkeypatch):
+    """numpy reports a full disk as a short write without an errno: the line names the file and the free
+    space; the partly written file is removed (tokenize's output and the run's token cache)."""
+    def short_write(path, array):
+        Path(path).write_bytes(b"\x93NUMPY partial")
+        raise OSError(f"{array.nbytes} requested and 14 written")
+
+    monkeypatch.setattr("fox_train.disk.np.save", short_write)
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("In the beginning God created the heaven and the earth.")
+    out = tmp_path / "tokens" / "tok.npy"
+    out.parent.mkdir()
+    with pytest.raises(SystemExit, match=r"^fox-train tokenize: cannot write .*tok\.npy: \d+ requested and 14 written "
+                                         r"\(\d+\.\d MiB free on its disk\)$"):
+        main(["tokenize", str(tmp_path / "text"), str(out)])
+    assert list(out.parent.iterdir()) == []
+    with pytest.raises(SystemExit, match=r"^fox-train: cannot write .*/\.token-cache/tokens-\w+\.npy: \d+ requested "
+                                         r"and 14 written \(\d+\.\d MiB free on its disk\)$"):
+        main([f"out_dir={tmp_path / 'runs'}", "run_name=full", *SMALL])
+    assert list((tmp_path / "runs" / ".token-cache").iterdir()) == []

@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
+from fox_train.disk import free_space
+
 MARKER = "COMPLETE"
 TMP_PREFIX = ".tmp-"
 
@@ -72,10 +74,11 @@ def save(fabric, root: Path, step: int, state: dict, keep_last: int, keep_every:
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
     except (OSError, RuntimeError) as e:  # a full or read-only disk (torch.save reports RuntimeError)
+        note = free_space(root)  # before the partial files go
         if fabric.is_global_zero:
             shutil.rmtree(tmp, ignore_errors=True)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OSError(f"cannot save checkpoint {final}: {first}") from None
+        raise OSError(f"cannot save checkpoint {final}: {first}{note}") from None
     except BaseException:  # an interrupt during the save
         if fabric.is_global_zero:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -170,11 +170,12 @@ def _one_line(e: BaseException) -> str:
 def _tokenize(args) -> None:
     import fox_models
     from fox_train.data import text_documents, tokenize_documents
+    from fox_train.disk import save_npy
 
     try:
         docs = text_documents(args.input)
         tokens = tokenize_documents(docs, fox_models.JSONGPT2Tokenizer())
-        np.save(args.output, np.asarray(tokens))
+        save_npy(Path(args.output), np.asarray(tokens))
     except (OSError, ValueError) as e:
         raise SystemExit(f"fox-train tokenize: {e}") from None
     print(f"{len(docs)} documents, {len(tokens):,} tokens -> {args.output}")

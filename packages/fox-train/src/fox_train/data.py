@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
-import os
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from fox_train.disk import save_npy
 
 EOT = 50256
 
@@ -66,9 +67,7 @@ def tokenize_documents(docs: list[str], tokenizer, cache_dir: str | None = None)
     stream = np.fromiter((t for doc in ids for t in (*doc, EOT)), dtype=np.uint16 if len(tokenizer) <= 65535 else np.uint32)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp.npy")  # ranks may tokenize at the same time
-        np.save(tmp, stream)
-        tmp.replace(cache)
+        save_npy(cache, stream)
     return stream
 
 
