@@ -387,3 +387,39 @@ def test_window_matches_the_explicit_attention_weights(variant):
     wide = _layer(variant)
     wide.window_size = None
     assert (wide(x)[0] - out).abs().max() > 1e-3  # the window changes the function
+
+
+@pytest.mark.parametrize("variant", ["pro_window", "swa_rope_nogate"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["kernel", "output_attentions"])
+def test_window_state_keeps_only_the_window(variant, explicit):
+    """A windowed layer's decoding state holds the last W tokens whatever the length (memory O(W)), counts
+    the dropped ones (RoPE positions, left padding) and still gives the full pass's outputs, left padding
+    longer than the window included; it cannot be rolled back once it dropped tokens."""
+    layer = _layer(variant)
+    W, T = layer.window_size, 31
+    seq_start = torch.tensor([0, 12])
+    x = _x(2, T)
+    exact, _ = _layer(variant).double()(x.double(), seq_start=seq_start)
+    state, outs, start = AttentionState(), [], 0
+    for n in [14, 1, 1, 3, 1, 1, 1, 1, 1, 7]:
+        out = layer(x[:, start : start + n], seq_start=seq_start, state=state, output_attentions=explicit)
+        if explicit:
+            assert out[2].shape[-1] == min(start, W) + n  # the weights cover the held keys only
+        outs.append(out[0])
+        start += n
+        assert state.held == min(start, W) and state.length == start and state.dropped == start - state.held
+    valid = torch.arange(T)[None, :] >= seq_start[:, None]
+    _close(torch.cat(outs, dim=1) * valid[..., None], exact * valid[..., None])
+    with pytest.raises(ValueError, match="dropped its first"):
+        state.truncate(T - 2)
+
+
+def test_window_state_recording_its_past_keeps_every_token():
+    """While recording its past (assisted decoding may roll back), a windowed state drops nothing."""
+    layer = _layer("pro_window")
+    state = AttentionState(record_past=True)
+    layer(_x(1, 20), state=state)
+    layer(_x(1, 1, seed=2), state=state)
+    assert state.held == 21 and state.dropped == 0 and state.can_truncate
+    state.truncate(15)
+    assert state.length == 15

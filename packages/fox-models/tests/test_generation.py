@@ -143,3 +143,24 @@ def test_the_cache_does_not_keep_the_prefill_buffers_alive(family):
             t for t in (layer.k, layer.v, layer.c, layer.k_shift, layer.v_shift) if t is not None]
         for t in tensors:
             assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+@pytest.mark.parametrize("family", ["transformer-swa", "fox-pro", "samba"])
+def test_windowed_caches_hold_the_window_and_decode_as_greedy(family):
+    """A sliding-window model's default cache keeps the last W tokens of each attention layer however long
+    the generation (memory O(W)), decodes the tokens of a full forward pass, left padding included, and keeps
+    every token where prompt lookup may roll it back."""
+    W = 5
+    model = tiny_model(family, window_size=W)
+    ids = prompt(batch=2, length=9)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=4 * W, return_dict_in_generate=True, **GREEDY)
+    layers = [layer for layer in out.past_key_values.layers if hasattr(layer, "held")]
+    assert layers and all(layer.held == W and layer.length == ids.shape[1] + 4 * W - 1 for layer in layers)
+    full_mask = torch.cat([mask, torch.ones(2, 4 * W, dtype=mask.dtype)], dim=1)
+    with torch.no_grad():
+        again = model(out.sequences, attention_mask=full_mask).logits[:, ids.shape[1] - 1:-1].argmax(-1)
+    assert torch.equal(again, out.sequences[:, ids.shape[1]:])
+    lookup = model.generate(ids[:1], prompt_lookup_num_tokens=3, max_new_tokens=3 * W, **GREEDY)
+    assert torch.equal(lookup, model.generate(ids[:1], max_new_tokens=3 * W, **GREEDY))

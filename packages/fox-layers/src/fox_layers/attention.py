@@ -41,6 +41,11 @@ class AttentionState:
     else keeps and which cannot be recomputed from the mixed, normalised k and v of the cache; so it is
     recorded, at the cost of one more k/v-sized tensor per shifted projection. Off by default: decoding
     then keeps the last token's only.
+
+    A sliding-window layer drops the tokens no later query can see (``drop_outside``): k, v and c then
+    hold the last tokens only, ``dropped`` counts those before them, and ``length`` still counts every
+    token seen (RoPE positions and ``seq_start`` stay in sequence positions; ``held_seq_start`` is the left
+    padding in positions of the held tokens, what the kernels take).
     """
 
     k: torch.Tensor | None = None
@@ -55,17 +60,44 @@ class AttentionState:
     k_history: torch.Tensor | None = None
     v_history: torch.Tensor | None = None
     record_past: bool = False
+    dropped: int = 0
 
     _batched = ("k", "v", "c", "k_shift", "v_shift", "seq_start", "k_history", "v_history")
 
     @property
-    def length(self) -> int:
+    def held(self) -> int:
+        """Tokens in k, v and c."""
         return 0 if self.k is None else self.k.shape[1]
+
+    @property
+    def length(self) -> int:
+        """Tokens seen: the held ones and the ``dropped`` ones before them."""
+        return self.dropped + self.held
+
+    @property
+    def held_seq_start(self) -> torch.Tensor | None:
+        """The left padding (B,) in positions of the held tokens (0 where it was dropped)."""
+        if self.seq_start is None or not self.dropped:
+            return self.seq_start
+        return (self.seq_start - self.dropped).clamp_min(0)
+
+    def drop_outside(self, window: int) -> None:
+        """Keep the last ``window`` tokens (a later query of a ``window``-token sliding window sees at most
+        ``window - 1`` of them besides itself) and drop the earlier ones, so the state's memory stays
+        O(window) however long the decoding runs. Nothing is
+        dropped while recording the past (``truncate`` must be able to roll back) or from fixed-capacity
+        buffers (``cache_seqlens``)."""
+        extra = self.held - window
+        if extra <= 0 or self.record_past or self.cache_seqlens is not None:
+            return
+        # views: the next append's concatenation copies them, and frees the larger tensors they slice
+        self.k, self.v, self.c = self.k[:, extra:], self.v[:, extra:], self.c[:, extra:]
+        self.dropped += extra
 
     def append(self, k, v, log_fgate, k_unmixed=None, v_unmixed=None) -> None:
         """Add a chunk: k, v (B, Tn, Hkv, D) as attended, log_fgate (B, Tn, H) float32, and the chunk's
         un-mixed projections (B, Tn, Hkv * D) of a shifted k / v (None without a shift)."""
-        self.k, self.v, self.c = append_to_cache(self.k, self.v, self.c, k, v, log_fgate, self.seq_start)
+        self.k, self.v, self.c = append_to_cache(self.k, self.v, self.c, k, v, log_fgate, self.held_seq_start)
         self.k, self.v = _own(self.k), _own(self.v)
         for name, unmixed in (("k", k_unmixed), ("v", v_unmixed)):
             if unmixed is None:
@@ -76,15 +108,15 @@ class AttentionState:
             if not self.record_past:  # a history that stops growing could never be used: free it
                 setattr(self, f"{name}_history", None)
             elif old is None:  # recording from the first chunk on, else the history would not cover the cache
-                setattr(self, f"{name}_history", _own(unmixed) if self.length == unmixed.shape[1] else None)
+                setattr(self, f"{name}_history", _own(unmixed) if self.held == unmixed.shape[1] else None)
             else:
                 setattr(self, f"{name}_history", torch.cat([old, unmixed], dim=1))
 
     @property
     def can_truncate(self) -> bool:
-        """Whether ``truncate`` can restore any earlier length: always without a token shift, else only with
-        the history of ``record_past`` covering every cached token."""
-        return all(getattr(self, f"{n}_shift") is None or (h := getattr(self, f"{n}_history")) is not None
+        """Whether ``truncate`` can restore any earlier length: never once tokens were dropped, always without
+        a token shift, else only with the history of ``record_past`` covering every cached token."""
+        return not self.dropped and all(getattr(self, f"{n}_shift") is None or (h := getattr(self, f"{n}_history")) is not None
                    and h.shape[1] == self.length for n in ("k", "v"))
 
     def truncate(self, length: int) -> None:
@@ -93,6 +125,9 @@ class AttentionState:
             raise ValueError(f"length must be >= 0, got {length}")
         if length >= self.length:
             return
+        if self.dropped:
+            raise ValueError(f"cannot truncate a sliding-window state that dropped its first {self.dropped} tokens: "
+                             "set record_past=True (Cache.activate_past_recording()) before appending to keep them")
         if not self.can_truncate:
             raise ValueError("cannot truncate a state with a token shift that was not recording its past: set "
                              "record_past=True (Cache.activate_past_recording()) before appending")
@@ -110,6 +145,7 @@ class AttentionState:
         """Empty the state, left padding included (``record_past`` stays)."""
         self.k = self.v = self.c = self.k_shift = self.v_shift = self.k_history = self.v_history = None
         self.seq_start = None
+        self.dropped = 0
 
     def _map(self, fn) -> None:
         for name in self._batched:
@@ -423,10 +459,11 @@ class ForgettingAttentionLayer(nn.Module):
             if state is not None:
                 state.append(k, v, log_fgate, k_shift, v_shift)
                 if past > 0:  # the cache's prefix sums are float32
-                    k, v, c = state.k, state.v, state.c
+                    k, v, c, seq_start = state.k, state.v, state.c, state.held_seq_start
             weights = self.attention_weights(q, k, c, seq_start, cu_seqlens)
             v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=2)
             o = torch.einsum("bhij,bjhd->bihd", weights, v.to(weights.dtype)).to(q.dtype)
+            self._drop_outside_window(state)
             return self._output(o.reshape(B, T, self.hidden_size).to(dtype), x, g), state, weights
         if state is None or past == 0:
             o = forgetting_attention(
@@ -437,11 +474,17 @@ class ForgettingAttentionLayer(nn.Module):
             state.append(k, v, log_fgate, k_shift, v_shift)
             if past > 0:
                 o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, state.cache_seqlens,
-                                                      seq_start=seq_start, window_size=self.window_size)
+                                                      seq_start=state.held_seq_start, window_size=self.window_size)
+            self._drop_outside_window(state)
         o = o.reshape(B, T, self.hidden_size).to(dtype)
         if recompute:  # the gate logits and the normalised, gated output are not kept
             return checkpoint(self._output, o, x, use_reentrant=False), state
         return self._output(o, x, g), state
+
+    def _drop_outside_window(self, state: AttentionState | None) -> None:
+        """A sliding-window layer's state keeps only the tokens later queries can see."""
+        if state is not None and self.window_size is not None:
+            state.drop_outside(self.window_size)
 
     def attention_weights(self, q, k, c, seq_start=None, cu_seqlens=None) -> torch.Tensor:
         """softmax(s q_i.k_j + c_i - c_j) over the keys j each query i may see, in at least float32:
