@@ -230,7 +230,7 @@ def test_broken_model_folders_are_one_line(tmp_path, held, how):
     assert msg.startswith(f"fox-eval: --model '{path}'") and "\n" not in msg
 
 
-def test_unusable_device_and_output_are_one_line(tmp_path, tiny_model, held):
+def test_unusable_device_and_output_are_one_line(tmp_path, tiny_model, held, monkeypatch):
     path, _ = tiny_model
     data, _ = held
     args = ["per-token-loss", "--model", str(path), "--data", data, "--seq-len", str(SEQ)]
@@ -243,6 +243,14 @@ def test_unusable_device_and_output_are_one_line(tmp_path, tiny_model, held):
     with pytest.raises(SystemExit) as e:
         main([*args, "--device", "cpu", "--out", str(tmp_path / "file" / "out")])
     assert str(e.value).startswith("fox-eval: ") and str(tmp_path / "file") in str(e.value) and "\n" not in str(e.value)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("fox_eval.per_token_loss.np.savez", full_disk)
+    with pytest.raises(SystemExit, match=rf"^fox-eval: cannot write --out {tmp_path / 'full'}: \[Errno 28\] No space "
+                                         r"left on device$"):
+        main([*args, "--device", "cpu", "--out", str(tmp_path / "full")])
 
 
 def test_zarr_data(tmp_path):

@@ -14,6 +14,7 @@ HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set to 0 in the environment).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from pathlib import Path
@@ -263,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
         hint = ""
         if isinstance(e, ConnectionError) and not args.online:
             hint = " (fox-eval runs offline: --online lets it download)"
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and e.filename is None:
+            raise SystemExit(f"fox-eval: cannot write --out {args.out}: {e}") from None  # a write names no file
         raise SystemExit(f"fox-eval: {e}{hint}") from None
     except KeyboardInterrupt:
         # per-token-loss keeps its sums after every batch: the same command with the same --out resumes
