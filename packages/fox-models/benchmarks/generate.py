@@ -11,6 +11,10 @@ after the prefill), and the peak GPU memory of the whole generate() call. bf16 w
 - with ``--static`` also the FoX models with their static cache, whose decoding steps replay a CUDA graph
   (``fox_models.static_cache``).
 
+``--profile N`` also profiles one prefill of each row: its wall time against the time of the device
+kernels it ran (a prefill much slower than its kernels waits on the host), the number of kernel launches,
+the N costliest kernels and the N costliest host-side operators.
+
 Prints a table and writes JSON:
 
     python packages/fox-models/benchmarks/generate.py --size 125m --batch 1 32 --prompt 2048 16384 --out gen.json
@@ -60,8 +64,35 @@ def timed(fn, device, reps: int) -> tuple[float, object]:
     return sorted(times)[len(times) // 2], out
 
 
+def profile_call(fn, device, top: int) -> dict:
+    """One call of ``fn`` under torch.profiler: wall ms, device-kernel ms and launches, the ``top`` costliest
+    kernels (device time) and host operators (self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        wall = time.perf_counter() - t
+    kernels, host = {}, {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            n, ms = kernels.get(e.name, (0, 0.0))
+            kernels[e.name] = (n + 1, ms + e.device_time / 1e3)
+    for e in prof.key_averages():
+        if e.self_cpu_time_total > 0:
+            host[e.key] = (e.count, e.self_cpu_time_total / 1e3)
+    rank = lambda d: [dict(name=k, calls=n, ms=ms) for k, (n, ms) in sorted(d.items(), key=lambda kv: -kv[1][1])[:top]]
+    return dict(wall_ms=wall * 1e3, kernel_ms=sum(ms for _, ms in kernels.values()),
+                kernel_launches=sum(n for n, _ in kernels.values()),
+                host_ms=sum(ms for _, ms in host.values()), kernels=rank(kernels), host_ops=rank(host))
+
+
 @torch.no_grad()
-def measure(model, batch: int, prompt: int, new_tokens: int, reps: int, device, gen_kwargs=None) -> dict:
+def measure(model, batch: int, prompt: int, new_tokens: int, reps: int, device, gen_kwargs=None,
+            profile_top: int = 0) -> dict:
     ids = torch.randint(0, 50000, (batch, prompt), device=device, generator=torch.Generator(device).manual_seed(0))
     gen = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=50256,
                **(gen_kwargs or {}))
@@ -71,9 +102,13 @@ def measure(model, batch: int, prompt: int, new_tokens: int, reps: int, device, 
     total_s, out = timed(lambda: model.generate(ids, **gen), device, reps)
     assert out.shape == (batch, prompt + new_tokens), out.shape
     decode_s = max(total_s - prefill_s, 1e-9)
-    return {"prefill_ms": prefill_s * 1e3, "decode_tokens_per_s": batch * (new_tokens - 1) / decode_s,
-            "total_s": total_s,
-            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+    row = {"prefill_ms": prefill_s * 1e3, "decode_tokens_per_s": batch * (new_tokens - 1) / decode_s,
+           "total_s": total_s,
+           "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+    if profile_top:
+        row["prefill_profile"] = profile_call(
+            lambda: model.generate(ids, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1}), device, profile_top)
+    return row
 
 
 def main() -> None:
@@ -87,10 +122,14 @@ def main() -> None:
                     "torch.compile; FoX: + CUDA graphs)")
     ap.add_argument("--models", nargs="+", help="subset of the model names (default: all)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer width-64 model (a CPU smoke run)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile one prefill per row: wall vs kernel time, launches, the N costliest "
+                         "kernels and host operators")
     ap.add_argument("--out", default="generate.json")
     args = ap.parse_args()
-    if min(args.batch + args.prompt) < 1 or args.new_tokens < 2 or args.reps < 1:
-        raise SystemExit("generate.py: --batch and --prompt must be >= 1, --new-tokens >= 2, --reps >= 1")
+    if min(args.batch + args.prompt) < 1 or args.new_tokens < 2 or args.reps < 1 or args.profile < 0:
+        raise SystemExit("generate.py: --batch and --prompt must be >= 1, --new-tokens >= 2, --reps >= 1, "
+                         "--profile >= 0")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shape = dict(hidden_size=64, num_hidden_layers=2, num_heads=2) if args.tiny else {}
@@ -116,13 +155,20 @@ def main() -> None:
         for batch in args.batch:
             for prompt in args.prompt:
                 try:
-                    r = measure(model, batch, prompt, args.new_tokens, args.reps, device, gen_kwargs)
+                    r = measure(model, batch, prompt, args.new_tokens, args.reps, device, gen_kwargs, args.profile)
                 except (torch.OutOfMemoryError, RuntimeError) as e:  # one failed contender does not stop the rest
                     r = {"error": str(e).splitlines()[0][:200]}
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 rows.append({"model": name, "batch": batch, "prompt": prompt, **r})
-                print(json.dumps(rows[-1]), flush=True)
+                print(json.dumps({k: v for k, v in rows[-1].items() if k != "prefill_profile"}), flush=True)
+                if "prefill_profile" in r:
+                    prof = r["prefill_profile"]
+                    print(f"  one prefill: {prof['wall_ms']:.1f} ms wall, {prof['kernel_ms']:.1f} ms in "
+                          f"{prof['kernel_launches']} kernels, {prof['host_ms']:.1f} ms of host operators")
+                    for kind in ("kernels", "host_ops"):
+                        for k in prof[kind]:
+                            print(f"  {kind:8s} {k['ms']:8.2f} ms {k['calls']:6d}x  {k['name'][:90]}")
                 write(args.out, env, rows)
         del model
         if device.type == "cuda":
