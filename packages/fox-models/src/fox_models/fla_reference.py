@@ -57,6 +57,5 @@ def fla_config(config):
 
 def fla_model(config):
     """flash-linear-attention's causal LM of the same model as ``config``, freshly initialised."""
-    model_cls = getattr(_fla_models(), _CLASSES.get(config.model_type, ("", ""))[1], None)
     cfg = fla_config(config)
-    return model_cls(cfg)
+    return getattr(_fla_models(), _CLASSES[config.model_type][1])(cfg)
