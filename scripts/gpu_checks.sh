@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU checks of a change, in one go, on a host with torch, triton and a CUDA GPU (the packages run
+# from source): the `gpu` tests of each package, then the benchmarks the docs quote. Each step has its own
+# time limit, so one that hangs or runs long does not take the rest with it; every log, JUnit report and
+# JSON lands in OUT, and a summary line per step in OUT/summary.txt.
+#
+#   bash scripts/gpu_checks.sh [OUT] [STEP ...]
+#   e.g. bash scripts/gpu_checks.sh gpu-out tests-kernel bench-attention
+#
+# STEP (default: all, in this order): tests-kernel tests-layers tests-models bench-attention bench-window
+# train-step baselines generate. GPU_CHECKS_TIMEOUT (seconds, default 900) limits each step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu-checks}
+shift || true
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(tests-kernel tests-layers tests-models bench-attention bench-window train-step baselines generate)
+limit=${GPU_CHECKS_TIMEOUT:-900}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="packages/fox-kernel/src:packages/fox-layers/src:packages/fox-models/src:packages/fox-train/src:packages/fox-eval/src${PYTHONPATH:+:$PYTHONPATH}"
+
+command_of() {
+  case "$1" in
+    tests-kernel) echo "python3 -m pytest -m gpu -q -p no:cacheprovider packages/fox-kernel/tests --junitxml=$out/tests-kernel.xml" ;;
+    tests-layers) echo "python3 -m pytest -m gpu -q -p no:cacheprovider packages/fox-layers/tests --junitxml=$out/tests-layers.xml" ;;
+    tests-models) echo "python3 -m pytest -m gpu -q -p no:cacheprovider packages/fox-models/tests --junitxml=$out/tests-models.xml" ;;
+    bench-attention) echo "python3 packages/fox-kernel/benchmarks/bench_attention.py --quick --out $out/bench-attention.json" ;;
+    bench-window) echo "python3 packages/fox-kernel/benchmarks/bench_window.py --quick --out $out/bench-window.json" ;;
+    train-step) echo "python3 packages/fox-train/benchmarks/train_throughput.py --sizes 125m --compile --steps 10 --warmup 3 --models '=FoX (Pro)' '=FoX (LLaMA)' '=Transformer (LLaMA, SDPA)' --out $out/train-step-125m.json" ;;
+    baselines) echo "python3 packages/fox-train/benchmarks/train_throughput.py --baselines --sizes 760m --steps 6 --warmup 2 --out $out/baselines-760m.json" ;;
+    generate) echo "python3 packages/fox-models/benchmarks/generate.py --size 125m --batch 1 32 --prompt 2048 16384 --static --out $out/generate-125m.json" ;;
+    *) return 1 ;;
+  esac
+}
+
+for step in "${steps[@]}"; do
+  cmd=$(command_of "$step") || { echo "gpu_checks.sh: unknown step '$step'" >&2; exit 2; }
+  echo "== $step: $cmd"
+  start=$(date +%s)
+  timeout "$limit" bash -c "$cmd" > "$out/$step.log" 2>&1
+  rc=$?
+  line="$step rc=$rc $(( $(date +%s) - start ))s $(tail -n 1 "$out/$step.log")"
+  echo "$line" | tee -a "$out/summary.txt"
+done
