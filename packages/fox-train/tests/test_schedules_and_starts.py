@@ -74,6 +74,18 @@ def test_warm_start_takes_the_weights_and_starts_at_step_zero(tmp_path):
 def test_warm_start_errors_are_one_line(tmp_path):
     with pytest.raises(SystemExit, match="fox-train: init_from '/no/such/run' is not a checkpoint directory"):
         main([f"out_dir={tmp_path}", "init_from=/no/such/run", *SMALL])
-    main([f"out_dir={tmp_path}", "run_name=src", "schedule.total_tokens=256", "export=false", *SMALL])
+    main([f"out_dir={tmp_path}", "run_name=src", "schedule.total_tokens=256", *SMALL])
     with pytest.raises(SystemExit, match="fox-train: init_from .* does not fit model"):
         main([f"out_dir={tmp_path}", f"init_from={tmp_path / 'src'}", *SMALL[:2], "model.num_heads=4", *SMALL[3:]])
+    hf = tmp_path / "src" / "hf"
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(SystemExit, match=rf"^fox-train: init_from '{hf}': .*config.json has model_type 'llama', this "
+                                         rf"run's model is '{config['model_type']}'$"):
+        main([f"out_dir={tmp_path}", "run_name=other", f"init_from={hf}", "schedule.total_tokens=256", *SMALL])
+    (hf / "config.json").write_text('{"model_type": ')
+    with pytest.raises(SystemExit, match=rf"^fox-train: init_from '{hf}': .*config.json cannot be read: Expecting value"):
+        main([f"out_dir={tmp_path}", "run_name=broken", f"init_from={hf}", "schedule.total_tokens=256", *SMALL])
+    (hf / "config.json").write_text(json.dumps(config))
+    main([f"out_dir={tmp_path}", "run_name=fork", f"init_from={hf}", "schedule.total_tokens=256", "export=false", *SMALL])
+    assert not (tmp_path / "other" / "config.yaml").exists() and not (tmp_path / "broken" / "config.yaml").exists()

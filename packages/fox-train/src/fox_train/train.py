@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -333,6 +334,21 @@ def init_weights_path(path: str) -> Path:
                             f"complete checkpoint or a Hugging Face directory (model.safetensors)")
 
 
+def _check_hf_config(path: str, config_file: Path, model_type: str) -> None:
+    """A Hugging Face directory's config.json, when it has one, must be JSON naming this run's model type: a
+    damaged folder or another kind of model is refused before its weights are read."""
+    if not config_file.exists():
+        return
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"init_from {path!r}: {config_file} cannot be read: {e}") from None
+    saved_type = saved.get("model_type") if isinstance(saved, dict) else None
+    if saved_type != model_type:
+        raise ValueError(f"init_from {path!r}: {config_file} has model_type {saved_type!r}, this run's model is "
+                         f"{model_type!r}")
+
+
 def load_init_weights(model: torch.nn.Module, path: str) -> Path:
     """Warm start: copy the model weights of another run (see TrainConfig.init_from) into ``model``; the
     optimizer, step and data position are not taken. Returns the file read."""
@@ -340,6 +356,7 @@ def load_init_weights(model: torch.nn.Module, path: str) -> Path:
     if source.suffix == ".safetensors":
         from safetensors.torch import load_file
 
+        _check_hf_config(path, source.parent / "config.json", model.config.model_type)
         try:
             weights = load_file(source)
         except Exception as e:  # safetensors reports a truncated or foreign file in its own error type
