@@ -3,8 +3,14 @@
 The paper's recurrent baselines (Mamba-2, HGRN2, DeltaNet) were trained with flash-linear-attention's
 models; ours keep the released checkpoint format and fields. ``fla_config(config)`` translates one of our
 configs into flash-linear-attention's config of the same model (same widths, heads, state, convolution,
-MLP and vocabulary, hence the same parameter count), and ``fla_model(config)`` builds that model, so a
-benchmark can time both in one run. Needs ``fox-models[baselines]``.
+MLP and vocabulary, hence the same parameter count), ``fla_model(config)`` builds that model, so a
+benchmark can time both in one run, and ``fla_state_dict(state_dict)`` renames our weights into its layout.
+Needs ``fox-models[baselines]``.
+
+Two settings of flash-linear-attention 0.6's HGRN2 differ from the released HGRN2: its output norm (a fused
+norm + linear) keeps that function's default eps of 1e-5 whatever ``norm_eps`` says (the released configs
+say 1e-6), and its blocks apply the learned lower bound of the forget gate (the released blocks do not:
+ours with ``apply_lower_bound=True`` does). With both matched the two compute the same function.
 """
 
 from __future__ import annotations
@@ -59,3 +65,15 @@ def fla_model(config):
     """flash-linear-attention's causal LM of the same model as ``config``, freshly initialised."""
     cfg = fla_config(config)
     return getattr(_fla_models(), _CLASSES[config.model_type][1])(cfg)
+
+
+def fla_state_dict(state_dict: dict) -> dict:
+    """Our weights in flash-linear-attention's layout: the released layout fuses the SwiGLU's gate and up
+    projections into one ``mlp.gate_proj`` (gate rows first); flash-linear-attention 0.6 keeps two."""
+    out = {}
+    for name, tensor in state_dict.items():
+        if name.endswith("mlp.gate_proj.weight"):
+            out[name], out[name.replace("gate_proj", "up_proj")] = tensor.chunk(2, dim=0)
+        else:
+            out[name] = tensor
+    return out
