@@ -9,6 +9,9 @@
 #
 # STEP (default: all, in this order): tests-kernel tests-layers tests-models bench-attention bench-window
 # train-step baselines generate. GPU_CHECKS_TIMEOUT (seconds, default 900) limits each step.
+# GPU_CHECKS_BEFORE=DIR, a folder holding an older tree's packages/ (e.g. from
+# `git archive REV packages | tar -x -C DIR`): each benchmark step also runs that tree's benchmark on its
+# sources, right after this tree's, into OUT/<step>-before.json (a before/after pair from one machine).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-checks}
@@ -19,7 +22,14 @@ limit=${GPU_CHECKS_TIMEOUT:-900}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1
-export PYTHONPATH="packages/fox-kernel/src:packages/fox-layers/src:packages/fox-models/src:packages/fox-train/src:packages/fox-eval/src${PYTHONPATH:+:$PYTHONPATH}"
+sources() { local root=$1; echo "$root/packages/fox-kernel/src:$root/packages/fox-layers/src:$root/packages/fox-models/src:$root/packages/fox-train/src:$root/packages/fox-eval/src"; }
+extra=${PYTHONPATH:-}
+export PYTHONPATH="$(sources .)${extra:+:$extra}"
+before=${GPU_CHECKS_BEFORE:-}
+if [ -n "$before" ] && [ ! -d "$before/packages" ]; then
+  echo "gpu_checks.sh: GPU_CHECKS_BEFORE=$before holds no packages/ folder" >&2
+  exit 2
+fi
 
 command_of() {
   case "$1" in
@@ -35,12 +45,23 @@ command_of() {
   esac
 }
 
-for step in "${steps[@]}"; do
-  cmd=$(command_of "$step") || { echo "gpu_checks.sh: unknown step '$step'" >&2; exit 2; }
-  echo "== $step: $cmd"
+run_step() {  # name, command, python path
+  echo "== $1: $2"
+  local start rc
   start=$(date +%s)
-  timeout "$limit" bash -c "$cmd" > "$out/$step.log" 2>&1
+  PYTHONPATH="$3" timeout "$limit" bash -c "$2" > "$out/$1.log" 2>&1
   rc=$?
-  line="$step rc=$rc $(( $(date +%s) - start ))s $(tail -n 1 "$out/$step.log")"
-  echo "$line" | tee -a "$out/summary.txt"
+  echo "$1 rc=$rc $(( $(date +%s) - start ))s $(tail -n 1 "$out/$1.log")" | tee -a "$out/summary.txt"
+}
+
+for step in "${steps[@]}"; do
+  command_of "$step" > /dev/null || { echo "gpu_checks.sh: unknown step '$step'" >&2; exit 2; }
+done
+for step in "${steps[@]}"; do
+  cmd=$(command_of "$step")
+  run_step "$step" "$cmd" "$PYTHONPATH"
+  if [ -n "$before" ] && [[ $step != tests-* ]]; then  # the older tree's own script, on its own sources
+    old=${cmd//packages\//$before/packages/}
+    run_step "$step-before" "${old//$out\/$step/$out/$step-before}" "$(sources "$before")${extra:+:$extra}"
+  fi
 done
