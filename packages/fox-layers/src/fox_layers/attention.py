@@ -84,9 +84,8 @@ class AttentionState:
     def drop_outside(self, window: int) -> None:
         """Keep the last ``window`` tokens (a later query of a ``window``-token sliding window sees at most
         ``window - 1`` of them besides itself) and drop the earlier ones, so the state's memory stays
-        O(window) however long the decoding runs. Nothing is
-        dropped while recording the past (``truncate`` must be able to roll back) or from fixed-capacity
-        buffers (``cache_seqlens``)."""
+        O(window) however long the decoding runs. Nothing is dropped while recording the past
+        (``truncate`` must be able to roll back) or from fixed-capacity buffers (``cache_seqlens``)."""
         extra = self.held - window
         if extra <= 0 or self.record_past or self.cache_seqlens is not None:
             return
@@ -116,8 +115,10 @@ class AttentionState:
     def can_truncate(self) -> bool:
         """Whether ``truncate`` can restore any earlier length: never once tokens were dropped, always without
         a token shift, else only with the history of ``record_past`` covering every cached token."""
-        return not self.dropped and all(getattr(self, f"{n}_shift") is None or (h := getattr(self, f"{n}_history")) is not None
-                   and h.shape[1] == self.length for n in ("k", "v"))
+        if self.dropped:
+            return False
+        return all(getattr(self, f"{n}_shift") is None or (h := getattr(self, f"{n}_history")) is not None
+                   and h.shape[1] == self.held for n in ("k", "v"))
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` cached tokens, as if the later ones had never been appended."""
