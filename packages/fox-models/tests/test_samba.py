@@ -199,6 +199,27 @@ def test_left_padded_batch_generates_like_each_prompt_alone(tmp_path, check_left
     check_left_padded_generation(model, [torch.randint(3, V, (n,), generator=g) for n in (4, 9, 6)], 8)
 
 
+def test_lora_on_every_projection_is_in_the_function(tmp_path):
+    """LoRA adapters on every linear of the Mamba and attention mixers: the adapted model computes what
+    the merged one (plain linears holding W + BA) computes, and every adapter gets a gradient."""
+    peft = pytest.importorskip("peft")
+    d, _ = released_dir(tmp_path)
+    targets = ["in_proj", "x_proj", "dt_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj"]
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64),
+                                peft.LoraConfig(r=2, target_modules=targets, init_lora_weights=False))
+    ids = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(4))
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    for target in targets:
+        grads = [p.grad for n, p in model.named_parameters() if f".{target}.lora_" in n]
+        assert grads and all(g is not None and g.abs().sum() > 0 for g in grads), target
+    model.eval()
+    adapted = model(input_ids=ids).logits
+    merged = model.merge_and_unload()
+    assert type(merged.backbone.layers[0].mixer.dt_proj) is torch.nn.Linear
+    torch.testing.assert_close(adapted, merged(ids).logits, rtol=1e-10, atol=1e-10)
+
+
 def test_initialisation_is_the_reference_one():
     config = get_preset("samba-125m", hidden_size=64, num_hidden_layers=6, num_heads=2, vocab_size=97)
     torch.manual_seed(0)

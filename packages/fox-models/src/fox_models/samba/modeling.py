@@ -12,6 +12,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
+from fox_layers.attention import _bare_linear
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCacheLayer, LayerCache
 from fox_models.mamba2.modeling import CausalConv1d
@@ -49,10 +50,14 @@ class MambaMixer(nn.Module):
             xs = xs * real
         dt, B, C = self.x_proj(xs).split([self.time_step_rank, self.state_size, self.state_size], dim=-1)
         # dt_proj's bias is added inside the scan in float32 (as the reference's CUDA path does), not
-        # rounded with the projection's 16-bit output
-        dt = F.linear(dt, self.dt_proj.weight)
+        # rounded with the projection's 16-bit output; a wrapped dt_proj (PEFT/LoRA, hooks) is called as a
+        # module, bias included, so what it adds takes effect
+        if _bare_linear(self.dt_proj):
+            dt, dt_bias = F.linear(dt, self.dt_proj.weight), self.dt_proj.bias
+        else:
+            dt, dt_bias = self.dt_proj(dt), None
         A = -torch.exp(self.A_log.to(torch.promote_types(x.dtype, torch.float32)))  # float64 models: float64
-        y, S = selective_scan(xs, dt, A, B, C, self.D, z, self.dt_proj.bias, get("S"))
+        y, S = selective_scan(xs, dt, A, B, C, self.D, z, dt_bias, get("S"))
         if state is not None:
             state.tensors.update(S=S, conv=conv_state)
         return self.out_proj(y)
