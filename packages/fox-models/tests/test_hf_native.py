@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 import fox_models
@@ -102,6 +103,23 @@ def test_lora_on_every_projection_changes_the_output_and_trains(tmp_path):
     merged = again.merge_and_unload()
     assert type(merged.model.layers[0].attn.q_proj) is torch.nn.Linear  # merged: the fused projection again
     torch.testing.assert_close(merged(ids).logits, adapted, atol=1e-5, rtol=1e-4)
+
+
+def test_lora_on_the_lm_head_is_in_the_loss():
+    """A LoRA adapter on lm_head: the loss (both conventions) is the cross-entropy of the logits the
+    adapted head returns, and the adapter trains through it."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(tiny_model("fox-llama"), peft.LoraConfig(r=4, target_modules=["lm_head"],
+                                                                         init_lora_weights=False))
+    ids = torch.randint(0, 50257, (2, 9), generator=torch.Generator().manual_seed(2))
+    out = model(input_ids=ids, labels=ids)
+    logits = out.logits.float()
+    torch.testing.assert_close(out.loss, F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:]))
+    per_token = model(input_ids=ids, labels=ids, per_token_loss=True).loss
+    torch.testing.assert_close(per_token, F.cross_entropy(logits.transpose(1, 2), ids, reduction="none"))
+    out.loss.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "lm_head.lora_" in n]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
 def test_beam_search_matches_scores_of_the_full_forward():

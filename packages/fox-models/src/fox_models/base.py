@@ -10,12 +10,14 @@ import json
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, decay_time_bias
+from fox_layers.attention import _bare_linear
 from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import GenerationMixin
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
@@ -288,17 +290,26 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         # config.fuse_cross_entropy=False keeps the unfused (float32 log-softmax) loss everywhere
         fused = None if getattr(self.config, "fuse_cross_entropy", True) else False
         if labels is not None and per_token_loss:
-            loss = per_token_cross_entropy(h, self.lm_head.weight, labels, fused=fused)
+            loss = self._per_token_loss(h, labels, fused)
         else:
             logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
             if labels is not None:
-                per_token = per_token_cross_entropy(h[:, :-1], self.lm_head.weight, labels[:, 1:], fused=fused)
+                per_token = self._per_token_loss(h[:, :-1], labels[:, 1:], fused)
                 count = num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != IGNORE_INDEX).sum()
                 loss = per_token.sum() / count
         output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
                                         hidden_states=out.hidden_states, attentions=out.attentions)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return output if return_dict else output.to_tuple()
+
+    def _per_token_loss(self, h, labels, fused):
+        """Per-token cross-entropy (B, T) float32 of hidden states h (B, T, D) against labels (B, T). A bare
+        lm_head's weight goes to the chunked loss; a wrapped one (PEFT/LoRA, hooks) is called as a module,
+        so what it adds is in the loss."""
+        if _bare_linear(self.lm_head):
+            return per_token_cross_entropy(h, self.lm_head.weight, labels, fused=fused)
+        logits = self.lm_head(h).float()
+        return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=IGNORE_INDEX)
 
     def _decode_step(self, input_ids, cache):
         """The logits (B, 1, V) of one new token per row, appended to ``cache`` (what a CUDA graph captures)."""
