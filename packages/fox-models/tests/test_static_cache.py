@@ -64,6 +64,22 @@ def test_static_cache_generates_what_the_growing_cache_does(family):
     assert torch.equal(got2, want2)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reused_static_cache_starts_from_nothing_without_padding(family):
+    """Prompts without padding (no attention mask), one after another in the same buffers: each call's
+    step logits are the full forward's over its own sequence (nothing of the previous call, such as the
+    token shift's last token, reaches the next prefill)."""
+    model = tiny_model(family)
+    g = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        ids = torch.randint(3, 97, (2, 6), generator=g)
+        out = model.generate(ids, max_new_tokens=8, min_new_tokens=8, output_logits=True,
+                             return_dict_in_generate=True, cache_implementation="static", **GREEDY)
+        full = model(out.sequences).logits[:, 5:-1]
+        torch.testing.assert_close(torch.stack(out.logits, 1), full, rtol=1e-4, atol=1e-4)
+        assert torch.equal(out.sequences[:, 6:], full.argmax(-1))
+
+
 def test_static_cache_forward_equals_the_full_forward():
     """Chunks appended by hand: logits of each chunk equal the full forward's; cached lengths on the host
     and on the device agree."""

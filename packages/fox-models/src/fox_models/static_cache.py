@@ -126,6 +126,9 @@ class StaticFoxCacheLayer(FoxCacheLayer):
         self._pending_seq_start = None
         if self.cache_seqlens is not None:  # the next prefill's RoPE positions start from these
             self.cache_seqlens.zero_()
+        for shift in (self.k_shift, self.v_shift):  # the token before the next prompt's first: none
+            if shift is not None:
+                shift.zero_()
 
     def reorder(self, index: torch.Tensor) -> None:
         """Select batch rows (beam search), in place: the buffers keep their addresses."""
