@@ -182,7 +182,7 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None) 
     return g.cumsum(1)
 
 
-def _bare_linear(module: nn.Module) -> bool:
+def bare_linear(module: nn.Module) -> bool:
     """A plain nn.Linear without hooks, whose weight and bias are its whole function, so its matmul can
     join the fused input projection. Anything else (a PEFT/LoRA wrapper, a quantised linear, a module with
     forward hooks, or whose forward was replaced on the instance, as accelerate's offloading does to load
@@ -364,7 +364,7 @@ class ForgettingAttentionLayer(nn.Module):
         # torch 2.11's inductor fails to generate the fused form's inference graph (a Triton codegen
         # TypeError in get_block_shape, seen in fox-train's evaluation on an H200); the fusion is for training.
         if (not self.fuse_input_projections or (torch.compiler.is_compiling() and not torch.is_grad_enabled())
-                or not all(_bare_linear(m) for _, m in linears)):
+                or not all(bare_linear(m) for _, m in linears)):
             return {name: m(x) for name, m in linears}
         weights = [m.weight for _, m in linears]
         sizes = [m.out_features for _, m in linears]

@@ -16,8 +16,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, decay_time_bias
-from fox_layers.attention import _bare_linear
+from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, bare_linear, decay_time_bias
 from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import GenerationMixin
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
@@ -306,7 +305,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         """Per-token cross-entropy (B, T) float32 of hidden states h (B, T, D) against labels (B, T). A bare
         lm_head's weight goes to the chunked loss; a wrapped one (PEFT/LoRA, hooks) is called as a module,
         so what it adds is in the loss."""
-        if _bare_linear(self.lm_head):
+        if bare_linear(self.lm_head):
             return per_token_cross_entropy(h, self.lm_head.weight, labels, fused=fused)
         logits = self.lm_head(h).float()
         return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none", ignore_index=IGNORE_INDEX)

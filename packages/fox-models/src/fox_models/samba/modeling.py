@@ -11,8 +11,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 
-from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
-from fox_layers.attention import _bare_linear
+from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP, bare_linear
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCacheLayer, LayerCache
 from fox_models.mamba2.modeling import CausalConv1d
@@ -52,7 +51,7 @@ class MambaMixer(nn.Module):
         # dt_proj's bias is added inside the scan in float32 (as the reference's CUDA path does), not
         # rounded with the projection's 16-bit output; a wrapped dt_proj (PEFT/LoRA, hooks) is called as a
         # module, bias included, so what it adds takes effect
-        if _bare_linear(self.dt_proj):
+        if bare_linear(self.dt_proj):
             dt, dt_bias = F.linear(dt, self.dt_proj.weight), self.dt_proj.bias
         else:
             dt, dt_bias = self.dt_proj(dt), None
