@@ -13,6 +13,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from fox_train.disk import free_space
+from fox_train.errors import first_line
 
 MARKER = "COMPLETE"
 TMP_PREFIX = ".tmp-"
@@ -49,7 +50,7 @@ def read_state(path: Path) -> dict:
         raise ValueError(f"{path} refused: it holds objects other than tensors and plain values{what}, and "
                          f"loading them could run code") from None
     except Exception as e:  # truncated zip, not a zip, bad records
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ValueError(f"{path} cannot be read (truncated or not a PyTorch checkpoint): {first}") from None
     if not isinstance(state, dict) or "model" not in state:
         raise ValueError(f"{path} is not a fox-train checkpoint (no 'model' entry)")
@@ -77,7 +78,7 @@ def save(fabric, root: Path, step: int, state: dict, keep_last: int, keep_every:
         note = free_space(root)  # before the partial files go
         if fabric.is_global_zero:
             shutil.rmtree(tmp, ignore_errors=True)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise OSError(f"cannot save checkpoint {final}: {first}{note}") from None
     except BaseException:  # an interrupt during the save
         if fabric.is_global_zero:
@@ -115,7 +116,7 @@ def load_newest(fabric, root: Path, state: dict) -> int | None:
             read_state(path / "state.pt")
             remainder = fabric.load(path / "state.pt", state, weights_only=True)
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             warnings.warn(f"skipping checkpoint {path}: {first}", stacklevel=2)
             failures.append(f"{path.name}: {first}")
             continue

@@ -36,6 +36,7 @@ from fox_train.config import (
     register,
     resumed_config,
 )
+from fox_train.errors import first_line
 
 
 class RunError(Exception):
@@ -160,10 +161,10 @@ def _app(dict_cfg: DictConfig) -> str:
 
 def _one_line(e: BaseException) -> str:
     """The first line of a Hydra or OmegaConf error, and of the error that caused it."""
-    parts = [str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__]
+    parts = [first_line(e).rstrip(".")]
     cause = e.__cause__
     if cause is not None and str(cause).strip():
-        parts.append(str(cause).strip().splitlines()[0])
+        parts.append(first_line(cause))
     return ": ".join(parts)
 
 

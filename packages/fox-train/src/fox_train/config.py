@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from fox_models.presets import PRESETS, TINY_PRESETS, get_preset
+from fox_train.errors import first_line
 
 
 @dataclass
@@ -316,7 +317,7 @@ def load_config(path: Path) -> dict:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
     except Exception as e:  # YAML syntax, unknown keys, wrong types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ValueError(f"{path} is not a fox-train config: {first}") from None
     return OmegaConf.to_container(merged)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fox_train.errors import first_line
+
 
 def free_space(path: Path) -> str:
     """`` (N MiB free on its disk)`` for the nearest existing folder of ``path``; empty when unknown. Some
@@ -32,5 +34,5 @@ def save_npy(path: Path, array: np.ndarray) -> None:
     except OSError as e:
         note = free_space(path)
         tmp.unlink(missing_ok=True)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise OSError(f"cannot write {path}: {first}{note}") from None

@@ -35,6 +35,7 @@ from fox_train.data import (
     text_documents,
     tokenize_documents,
 )
+from fox_train.errors import first_line
 from fox_train.metrics import (
     MetricsWriter,
     flops_per_token,
@@ -204,7 +205,7 @@ def _fabric(cfg: TrainConfig) -> L.Fabric:
         return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
                         precision=precision, plugins=plugins)
     except (RuntimeError, ValueError) as e:  # an accelerator or devices this machine does not have
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise ValueError(f"strategy.accelerator={s.accelerator} strategy.devices={s.devices}: {first}") from None
 
 
