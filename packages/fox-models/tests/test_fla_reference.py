@@ -19,22 +19,8 @@ KINDS = ["mamba2", "hgrn2", "delta_net"]
 SIZES = ["tiny", "125m", "360m", "760m"]
 
 
-def _shapes(model):
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
-def _split_fused_mlp(shapes):
-    """Our released layout fuses the SwiGLU's gate and up projections into one ``gate_proj`` of twice the
-    rows; flash-linear-attention keeps them apart. The shapes with ours split the same way."""
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("mlp.gate_proj.weight"):
-            half = (shape[0] // 2, shape[1])
-            out[name] = half
-            out[name.replace("gate_proj", "up_proj")] = half
-        else:
-            out[name] = shape
-    return out
+def _shapes(state_dict):
+    return {name: tuple(t.shape) for name, t in state_dict.items()}
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -45,7 +31,7 @@ def test_fla_model_has_our_parameters(kind, size):
         ours = AutoModelForCausalLM.from_config(config)
         theirs = fla_model(config)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
-    assert _split_fused_mlp(_shapes(ours)) == _shapes(theirs)
+    assert _shapes(fla_state_dict(ours.state_dict())) == _shapes(theirs.state_dict())
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import inspect
 
-# our field -> flash-linear-attention's field, where the names differ
-_RENAMED = {
-    "mamba2-project_fox": {"layer_norm_epsilon": "norm_eps", "time_step_min": "dt_min", "time_step_max": "dt_max",
-                           "time_step_floor": "dt_init_floor", "time_step_limit": "dt_limit",
-                           "rms_norm": "rmsnorm"},
-    "hgrn2-project_fox": {},
-    "delta_net-project_fox": {},
-}
-# model_type -> names of flash-linear-attention's config and causal-LM classes in fla.models
-_CLASSES = {
-    "mamba2-project_fox": ("Mamba2Config", "Mamba2ForCausalLM"),
-    "hgrn2-project_fox": ("HGRN2Config", "HGRN2ForCausalLM"),
-    "delta_net-project_fox": ("DeltaNetConfig", "DeltaNetForCausalLM"),
+# model_type -> (flash-linear-attention's config class, its causal-LM class, our field -> its field where the
+# names differ)
+_FLA = {
+    "mamba2-project_fox": ("Mamba2Config", "Mamba2ForCausalLM", {
+        "layer_norm_epsilon": "norm_eps", "time_step_min": "dt_min", "time_step_max": "dt_max",
+        "time_step_floor": "dt_init_floor", "time_step_limit": "dt_limit", "rms_norm": "rmsnorm"}),
+    "hgrn2-project_fox": ("HGRN2Config", "HGRN2ForCausalLM", {}),
+    "delta_net-project_fox": ("DeltaNetConfig", "DeltaNetForCausalLM", {}),
 }
 
 
@@ -49,11 +44,11 @@ def fla_config(config):
     fused SwiGLU, fused loss) keep their defaults, as its users get them.
     """
     model_type = getattr(config, "model_type", None)
-    if model_type not in _CLASSES:
-        raise ValueError(f"config: flash-linear-attention has a model of {sorted(_CLASSES)}, got {model_type!r}")
-    config_cls = getattr(_fla_models(), _CLASSES[model_type][0])
+    if model_type not in _FLA:
+        raise ValueError(f"config: flash-linear-attention has a model of {sorted(_FLA)}, got {model_type!r}")
+    config_name, _, renamed = _FLA[model_type]
+    config_cls = getattr(_fla_models(), config_name)
     accepted = set(inspect.signature(config_cls.__init__).parameters) - {"self", "kwargs"}
-    renamed = _RENAMED[model_type]
     fields = {renamed.get(k, k): v for k, v in config.to_dict().items()}
     fields = {k: v for k, v in fields.items() if k in accepted}
     if "dt_limit" in fields:
@@ -64,7 +59,7 @@ def fla_config(config):
 def fla_model(config):
     """flash-linear-attention's causal LM of the same model as ``config``, freshly initialised."""
     cfg = fla_config(config)
-    return getattr(_fla_models(), _CLASSES[config.model_type][1])(cfg)
+    return getattr(_fla_models(), _FLA[config.model_type][1])(cfg)
 
 
 def fla_state_dict(state_dict: dict) -> dict:
