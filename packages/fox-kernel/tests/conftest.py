@@ -20,11 +20,3 @@ def device_dtype(request):
         pytest.skip("needs a CUDA GPU")
     return torch.device(device), dtype
 
-
-def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)

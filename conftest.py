@@ -1,0 +1,14 @@
+"""Workspace-wide test hook: tests marked ``gpu`` are skipped on a machine without a CUDA GPU, whichever
+package's tests are run."""
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
