@@ -339,3 +339,32 @@ def test_flash_linear_attention_kernels_match_the_recurrence(tmp_path, kind, mon
     err = lambda x: (x - exact).abs().max().item()
     assert err(fast32) <= err(slow16), (err(fast32), err(slow16))
     assert err(fast16) <= 2 * err(slow16) + 1e-3, (err(fast16), err(slow16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_flash_linear_attention_training_gradients_match_the_recurrence(tmp_path, kind, monkeypatch):
+    """A training step through flash-linear-attention's kernels (including their backward, which for
+    Mamba-2 on Hopper with Triton < 3.7.1 is the per-channel kernel's) gives the parameter gradients of the
+    model's own float32 recurrence, within TF32 tolerance relative to the largest gradient."""
+    pytest.importorskip("fla")
+    from fox_models import recurrent_ops
+
+    if recurrent_ops._fla_ops() is None:
+        pytest.skip("flash-linear-attention kernels unavailable")
+    d, _ = _released_dir(tmp_path, kind)
+    model = AutoModelForCausalLM.from_pretrained(d).cuda()
+    ids = torch.randint(0, V, (2, 200), generator=torch.Generator().manual_seed(3)).cuda()
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+        return {n: p.grad.double().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    fast = grads()
+    monkeypatch.setattr(recurrent_ops, "_use_fla", lambda x: False)
+    slow = grads()
+    assert fast.keys() == slow.keys()
+    for name in slow:
+        scale = slow[name].abs().max().item() + 1e-12
+        assert (fast[name] - slow[name]).abs().max().item() <= 2e-2 * scale, name

@@ -1,5 +1,6 @@
-"""Sequence mixers of the recurrent baselines: gated linear attention (HGRN2) and the delta rule
-(DeltaNet), plus the causal depthwise short convolution.
+"""Sequence mixers of the recurrent baselines: gated linear attention with a decay per key channel
+(HGRN2) or one per head (Mamba-2's SSD), the delta rule (DeltaNet), and the causal depthwise short
+convolution.
 
 Each op takes (B, T, H, *) tensors and an optional float32 state, and returns (output, final state).
 On CUDA with flash-linear-attention installed (``fox-models[baselines]``) its chunked Triton kernels
@@ -20,9 +21,30 @@ def _fla_ops():
     try:
         from fla.ops.delta_rule import chunk_delta_rule
         from fla.ops.gla import chunk_gla
+        from fla.ops.simple_gla import chunk_simple_gla
     except Exception:  # not installed, or no working Triton backend
         return None
-    return chunk_gla, chunk_delta_rule
+    return chunk_gla, chunk_delta_rule, chunk_simple_gla
+
+
+@functools.cache
+def _fla_conv():
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+    except Exception:
+        return None
+    return causal_conv1d
+
+
+@functools.cache
+def _head_gated_backward_ok() -> bool:
+    """flash-linear-attention refuses the backward of its head-gated kernel (chunk_simple_gla) on Hopper
+    with Triton 3.4 to 3.7.0, which miscompile it; there the per-channel kernel (chunk_gla) trains."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:
+        return False
+    return not (IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1)
 
 
 def _use_fla(x: torch.Tensor) -> bool:
@@ -67,18 +89,36 @@ def delta_rule_recurrence(q, k, v, beta, scale, state=None):
 
 def gated_linear_attention(q, k, v, log_g, scale, state=None):
     if _use_fla(q):
-        chunk_gla, _ = _fla_ops()
+        chunk_gla = _fla_ops()[0]
         o, S = chunk_gla(q, k, v, log_g.float(), scale=scale,
                          initial_state=state, output_final_state=True)
         return o.to(v.dtype), S
     return gla_recurrence(q, k, v, log_g, scale, state)
 
 
+def head_gated_linear_attention(q, k, v, log_g, scale, state=None):
+    """Gated linear attention with one decay per head, log_g (B, T, H) (Mamba-2's SSD): the kernel takes q,
+    k and v in q's dtype (bfloat16 under autocast, as Mamba-2's own kernel does) with float32 decays, so no
+    float32 copies of q and k are stored for the backward. Where that kernel's backward is refused (see
+    ``_head_gated_backward_ok``) and gradients are needed, the decay is broadcast over the key channels for
+    the per-channel kernel. The output is in v's dtype."""
+    if _use_fla(q):
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, log_g))
+        if grad and not _head_gated_backward_ok():
+            o, S = gated_linear_attention(q, k, v.to(q.dtype), log_g.unsqueeze(-1).expand_as(q), scale, state)
+            return o.to(v.dtype), S
+        chunk_simple_gla = _fla_ops()[2]
+        o, S = chunk_simple_gla(q, k, v.to(q.dtype), log_g.float(), scale=scale,
+                                initial_state=state, output_final_state=True)
+        return o.to(v.dtype), S
+    return gla_recurrence(q, k, v, log_g.unsqueeze(-1).expand_as(q), scale, state)
+
+
 def delta_rule(q, k, v, beta, scale, state=None):
     # flash-linear-attention's chunk_delta_rule takes 16-bit inputs only (0.6 refuses float32): float32
     # models run the float32 recurrence
     if _use_fla(q) and q.dtype in (torch.bfloat16, torch.float16):
-        _, chunk_delta_rule = _fla_ops()
+        chunk_delta_rule = _fla_ops()[1]
         o, S = chunk_delta_rule(q, k, v, beta.to(q.dtype), scale=scale, initial_state=state, output_final_state=True)
         return o.to(v.dtype), S
     return delta_rule_recurrence(q, k, v, beta, scale, state)
@@ -89,6 +129,12 @@ def short_conv(x, weight, state=None, activation: bool = True, bias=None):
     (B, W-1, C), the last W-1 inputs before x (zeros at the start). Returns (y, new state)."""
     W = weight.shape[-1]
     B, T, C = x.shape
+    if state is None and T >= W - 1 and _use_fla(x) and _fla_conv() is not None:
+        # flash-linear-attention's fused Triton convolution (+ SiLU): cuDNN's depthwise conv1d and its
+        # backward cost DeltaNet's training step about as much as the delta rule itself
+        y, _ = _fla_conv()(x.contiguous(), weight.view(C, W).to(x.dtype),
+                           None if bias is None else bias.to(x.dtype), activation="silu" if activation else None)
+        return y, x[:, T - (W - 1):].clone()
     prev = x.new_zeros(B, W - 1, C) if state is None else state.to(x.dtype)
     full = torch.cat([prev, x], dim=1)  # (B, W-1+T, C)
     y = F.conv1d(full.transpose(1, 2), weight.to(x.dtype), None if bias is None else bias.to(x.dtype),

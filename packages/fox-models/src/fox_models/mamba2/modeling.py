@@ -13,7 +13,7 @@ from fox_layers import RMSNorm
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.mamba2.configuration import Mamba2Config
 from fox_models.recurrent import RecurrentState, _RecurrentBackbone, _RecurrentInit
-from fox_models.recurrent_ops import gated_linear_attention, short_conv
+from fox_models.recurrent_ops import head_gated_linear_attention, short_conv
 
 
 class GatedRMSNorm(nn.Module):
@@ -82,9 +82,8 @@ class Mamba2Mixer(nn.Module):
         rep = H // G
         k = b.view(B, T, G, 1, N).expand(B, T, G, rep, N).reshape(B, T, H, N)
         q = c.view(B, T, G, 1, N).expand(B, T, G, rep, N).reshape(B, T, H, N)
-        log_decay = (dt * A).unsqueeze(-1).expand(B, T, H, N)
         v = xs * dt.unsqueeze(-1)
-        y, S = gated_linear_attention(q.to(acc), k.to(acc), v, log_decay, 1.0, get("S"))
+        y, S = head_gated_linear_attention(q, k, v, dt * A, 1.0, get("S"))
         y = y + xs * self.D.to(acc)[:, None]
         if state is not None:
             state.tensors.update(S=S, conv=conv_state)
