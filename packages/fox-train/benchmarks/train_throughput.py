@@ -14,7 +14,9 @@ compiled blocks as CUDA graphs; ``--unfused-loss`` times the models with the unf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib.util
 import json
 import os
 import re
@@ -184,7 +186,7 @@ def measure(name, family, size, extra, recompute, seq_len, steps, warmup, checkp
                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30, params_non_embedding=n_params,
                gc_collections=len(pauses), gc_ms=sum(ms for _, ms in pauses),
                gc_longest=max(pauses, key=lambda x: x[1], default=None), activation_memory_budget=memory_budget,
-               compiled=compiled)
+               compiled=compiled, checkpointing=checkpointing)
     if profile_top:
         path = None
         if trace:
@@ -242,6 +244,13 @@ def main():
         for name, family, extra, recompute, budget, fla in models:
             if args.models and not any(chosen(name, m) for m in args.models):
                 continue
+            if fla and family == "mamba2" and importlib.util.find_spec("mamba_ssm") is None:
+                # without mamba_ssm its Mamba-2 falls back to a PyTorch SSD that runs out of memory at 16k
+                # (an H200's 139 GiB at 125M): a row that says so instead of minutes spent reaching the error
+                row = dict(model=name, size=size, seq_len=args.seq_len, error="needs mamba_ssm (not installed)")
+                rows.append(row)
+                print(row, flush=True)
+                continue
             try:
                 if args.unfused_loss:
                     extra = {**extra, "fuse_cross_entropy": False}
@@ -250,7 +259,16 @@ def main():
                               budget, fla)
             except torch.OutOfMemoryError:
                 row = dict(model=name, size=size, seq_len=args.seq_len, error="out of memory")
+            if "error" in row:  # outside the handler, whose traceback holds the failed step's tensors
+                gc.collect()
                 torch.cuda.empty_cache()
+                if args.baselines and not args.checkpointing:  # a baseline that does not fit: its speed with
+                    with contextlib.suppress(torch.OutOfMemoryError):  # gradient checkpointing, marked in the row
+                        row = measure(name, family, size, extra, recompute, args.seq_len, args.steps,
+                                      args.warmup, True, args.compile, args.profile, args.trace,
+                                      args.compile_mode, budget, fla)
+                    gc.collect()
+                    torch.cuda.empty_cache()
             rows.append(row)
             print({k: v for k, v in row.items() if k != "profile"}, flush=True)
             if "profile" in row:
@@ -276,7 +294,8 @@ def main():
                 continue
             ratio = r["tokens_per_s"] / base if base else float("nan")
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-            print(f"{r['model']:46s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
+            name = r["model"] + (" (checkpointing)" if r.get("checkpointing") and not args.checkpointing else "")
+            print(f"{name:46s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
     if args.baselines:
         print("\nours against flash-linear-attention's model of the same config (tokens/s ratio, peak memory ratio):")
         by_name = {(r["model"], r["size"]): r for r in rows if "tokens_per_s" in r}
