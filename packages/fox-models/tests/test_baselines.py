@@ -314,19 +314,24 @@ def test_errors_name_the_argument(tmp_path):
     torch.testing.assert_close(right[0, :4], model(torch.arange(10, 14)[None]).logits[0], atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kind", KINDS)
-def test_flash_linear_attention_kernels_match_the_recurrence(tmp_path, kind, monkeypatch):
-    """flash-linear-attention's chunked kernels against the model's own recurrence run in float64: in
-    float32 (the kernels' dots run in TF32) no further from it than a bfloat16 model of the recurrence,
-    and under bfloat16 autocast within twice the bfloat16 recurrence's own error."""
+def _model_on_fla_kernels(tmp_path, kind):
+    """The module that picks the kernels, and a released baseline on the GPU; skips without fla's kernels."""
     pytest.importorskip("fla")
     from fox_models import recurrent_ops
 
     if recurrent_ops._fla_ops() is None:
         pytest.skip("flash-linear-attention kernels unavailable")
     d, _ = _released_dir(tmp_path, kind)
-    model = AutoModelForCausalLM.from_pretrained(d).cuda()
+    return recurrent_ops, AutoModelForCausalLM.from_pretrained(d).cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+def test_flash_linear_attention_kernels_match_the_recurrence(tmp_path, kind, monkeypatch):
+    """flash-linear-attention's chunked kernels against the model's own recurrence run in float64: in
+    float32 (the kernels' dots run in TF32) no further from it than a bfloat16 model of the recurrence,
+    and under bfloat16 autocast within twice the bfloat16 recurrence's own error."""
+    recurrent_ops, model = _model_on_fla_kernels(tmp_path, kind)
     ids = torch.randint(0, V, (2, 300), generator=torch.Generator().manual_seed(7)).cuda()
     with torch.no_grad():
         fast32 = model(ids).logits.double()
@@ -347,13 +352,7 @@ def test_flash_linear_attention_training_gradients_match_the_recurrence(tmp_path
     """A training step through flash-linear-attention's kernels (including their backward, which for
     Mamba-2 on Hopper with Triton < 3.7.1 is the per-channel kernel's) gives the parameter gradients of the
     model's own float32 recurrence, within TF32 tolerance relative to the largest gradient."""
-    pytest.importorskip("fla")
-    from fox_models import recurrent_ops
-
-    if recurrent_ops._fla_ops() is None:
-        pytest.skip("flash-linear-attention kernels unavailable")
-    d, _ = _released_dir(tmp_path, kind)
-    model = AutoModelForCausalLM.from_pretrained(d).cuda()
+    recurrent_ops, model = _model_on_fla_kernels(tmp_path, kind)
     ids = torch.randint(0, V, (2, 200), generator=torch.Generator().manual_seed(3)).cuda()
 
     def grads():
