@@ -2,7 +2,8 @@
 
 A gate of 0 at position z hides the keys before z from the queries at and after z; the rest stays
 finite. The reference and the PyTorch (CPU) path handle it exactly; the Triton kernels, which measure
-``c`` from tile anchors in float32, refuse it where checking is free (the interpreter's CPU tensors).
+``c`` from tile anchors in float32, refuse it where checking is free (the interpreter's CPU tensors), and
+with ``KernelOptions(check_gates=True)`` (which also reads CUDA gates) send such calls to the PyTorch path.
 A NaN gate makes the rows that depend on it NaN, never zeros. test_interpreted.py runs this file
 again with TRITON_INTERPRET=1.
 """
@@ -12,11 +13,18 @@ import os
 import pytest
 import torch
 
-from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache
+from fox_kernel import (
+    KernelOptions,
+    append_to_cache,
+    forgetting_attention,
+    forgetting_attention_with_kvcache,
+    kernel_options,
+)
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+CHECK_GATES = KernelOptions(check_gates=True)
 
 
 def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
@@ -32,12 +40,12 @@ def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
     return q, k, v, lf
 
 
-def _grads_against_reference(q, k, v, lf, **kw):
+def _grads_against_reference(q, k, v, lf, options=None, **kw):
     """forgetting_attention's output and four gradients vs the float64 reference (and a float32 one)."""
     ins = [x.clone().requires_grad_() for x in (q, k, v, lf)]
     exact_in = [x.double().requires_grad_() for x in (q, k, v, lf)]
     same_in = [x.clone().requires_grad_() for x in (q, k, v, lf)]
-    out = forgetting_attention(*ins, **kw)
+    out = forgetting_attention(*ins, options=options, **kw)
     exact = forgetting_attention_ref(*exact_in, **kw)
     same = forgetting_attention_ref(*same_in, **kw)
     assert torch.isfinite(exact).all()
@@ -69,24 +77,22 @@ def test_reference_zero_gate_restarts_the_sequence():
 @pytest.mark.parametrize("B, Tq, Tk, H, Hkv, D", [(2, 37, 37, 3, 3, 24), (1, 1, 9, 2, 1, 16), (2, 20, 53, 4, 2, 40),
                                                  (3, 130, 130, 2, 1, 8)])
 def test_zero_gates_are_exact_on_the_pytorch_path(B, Tq, Tk, H, Hkv, D):
-    """Odd lengths, short queries, GQA; gates of 0 at random places (the first and last included)."""
-    if INTERPRET:
-        pytest.skip("the Triton kernels refuse gates of 0 (test_zero_gates_are_refused_by_the_triton_kernels)")
+    """Odd lengths, short queries, GQA; gates of 0 at random places (the first and last included). In the
+    interpreter ``check_gates`` sends the call from the Triton kernels to the PyTorch path."""
     q, k, v, lf = _inputs(B, Tq, Tk, H, Hkv, D)
     lf[0, 0, 0] = lf[-1, -1, -1] = float("-inf")
-    _grads_against_reference(q, k, v, lf)
+    _grads_against_reference(q, k, v, lf, options=CHECK_GATES)
 
 
 def test_zero_gates_with_padding_packing_and_pruning():
-    if INTERPRET:
-        pytest.skip("the Triton kernels refuse gates of 0")
     q, k, v, lf = _inputs(3, 45, 45, 2, 2, 16, seed=2)
     lf[1, :10] = float("-inf")  # in the padding: counts for nothing
-    _grads_against_reference(q, k, v, lf, seq_start=torch.tensor([0, 10, 30]))
+    _grads_against_reference(q, k, v, lf, options=CHECK_GATES, seq_start=torch.tensor([0, 10, 30]))
     q, k, v, lf = _inputs(1, 60, 60, 2, 1, 16, seed=3)
-    _grads_against_reference(q, k, v, lf, cu_seqlens=torch.tensor([0, 7, 33, 60], dtype=torch.int32))
+    _grads_against_reference(q, k, v, lf, options=CHECK_GATES,
+                             cu_seqlens=torch.tensor([0, 7, 33, 60], dtype=torch.int32))
     with torch.no_grad():
-        pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=-30.0)
+        pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=-30.0, options=CHECK_GATES)
     want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
     assert (pruned.double() - want).abs().max() < 1e-5  # only weights under e^-30 were dropped
 
@@ -179,3 +185,41 @@ def test_cuda_rows_after_a_zero_or_nan_gate_are_nan_never_finite_and_wrong(dtype
     c[1, 10:, 0] = float("nan")
     out = forgetting_attention_with_kvcache(*(x.cuda().to(dtype) for x in (q[:, -2:], k, v)), c.cuda()).cpu()
     assert out[1, :, 0].isnan().all() and torch.isfinite(out[0]).all()
+
+
+def test_torch_path_option_gives_the_kernels_math():
+    """``torch_path`` runs a call on the chunked PyTorch path (in the interpreter instead of the Triton
+    kernels): the same results as the default path, against float64, with pruning and a window too."""
+    q, k, v, lf = _inputs(2, 33, 47, 4, 2, 16, seed=5, zeros=0)
+    for kw in ({}, {"window_size": 9}, {"seq_start": torch.tensor([0, 6])}):
+        _grads_against_reference(q, k, v, lf, options=KernelOptions(torch_path=True), **kw)
+    with torch.no_grad():
+        fast = forgetting_attention(q, k, v, lf, adaptive_threshold="auto")
+        torch_path = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", options=KernelOptions(torch_path=True))
+    torch.testing.assert_close(torch_path, fast, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_check_gates_makes_zero_gates_exact_and_decode_refuse_them(dtype):
+    """With ``check_gates`` a CUDA call holding gates of 0 runs on the PyTorch path: output and gradients
+    against float64 (bf16 inputs within the bf16 reference's own error); a decode cache of prefix sums holding
+    -inf is refused in one line."""
+    q, k, v, lf = _inputs(2, 150, 150, 4, 2, 64, seed=4)
+    ins = [x.cuda().to(dtype).requires_grad_() for x in (q, k, v)] + [lf.cuda().requires_grad_()]
+    out = forgetting_attention(*ins, options=CHECK_GATES)
+    assert torch.isfinite(out).all()
+    exact_in = [x.detach().double().requires_grad_() for x in ins]
+    same_in = [x.detach().clone().requires_grad_() for x in ins]
+    exact = forgetting_attention_ref(*exact_in)
+    same = forgetting_attention_ref(*same_in)
+    assert_close_to_reference(out, exact, same, name="out")
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).cuda().to(dtype)
+    for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), torch.autograd.grad(out, ins, do),
+                             torch.autograd.grad(exact, exact_in, do.double()), torch.autograd.grad(same, same_in, do)):
+        assert_close_to_reference(a, e, s, name=name, factor=3.0)
+    _, _, c = append_to_cache(None, None, None, k, v, random_log_fgate((2, 150, 4)))
+    c[1, 20:, 3] = float("-inf")
+    with kernel_options(check_gates=True), pytest.raises(ValueError, match=r"c_cache must not hold -inf .* \(1, 20, 3\)"):
+        forgetting_attention_with_kvcache(*(x.cuda().to(dtype) for x in (q[:, -1:], k, v)), c.cuda())

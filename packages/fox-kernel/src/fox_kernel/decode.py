@@ -18,9 +18,10 @@ from __future__ import annotations
 import torch
 
 from fox_kernel.ops import checks, dispatch
+from fox_kernel.options import current_options
 
 _CHUNK_ELEMENTS = 1 << 26
-# why a gate of exactly 0 is refused (on CPU tensors; see checks.values_checkable)
+# why a gate of exactly 0 is refused where the values are read (see checks.gates_checkable)
 _NO_ZERO_GATES = "a cache of plain prefix sums c cannot represent it (c_i - c_j would be -inf - -inf)"
 
 
@@ -55,7 +56,7 @@ def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
     g = log_fgate_new
     if seq_start is not None:
         g = torch.where((pos >= seq_start[:, None].long())[..., None], g, torch.zeros_like(g))
-    checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES)
+    checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES, current_options().check_gates)
     # scanned along the last, contiguous dim: PyTorch's CUDA scan along dim 1 of a (B, T, H) tensor is about
     # 100x slower (2.9 ms for T = 16k, H = 12 on an H100, most of a 16k-token prefill into a cache)
     c_new = torch.cumsum(g.double().transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
@@ -125,21 +126,22 @@ def _decode_threshold(adaptive_threshold, B, H, device):
 
 
 def _check_cache_values(c_cache, lens, seq_start, Tq, T):
-    """Value checks of a contiguous cache, for CPU tensors (``checks.values_checkable``): each row's length
-    holds its Tq new tokens and fits the cache, and its valid prefix sums hold no -inf (c_cache None: paged,
-    not gathered)."""
+    """Value checks of a contiguous cache: for CPU tensors (``checks.values_checkable``) each row's length
+    holds its Tq new tokens and fits the cache; where the prefix sums can be read (``checks.gates_checkable``:
+    also CUDA with ``KernelOptions.check_gates``) the valid ones hold no -inf (c_cache None: paged, not
+    gathered)."""
     if lens is not None and checks.values_checkable(lens) and lens.numel():
         lo, hi = int(lens.min()), int(lens.max())
         if lo < max(Tq, 1) or hi > T:
             raise ValueError(f"cache_seqlens must lie in [{max(Tq, 1)}, {T}] (each row holds the {Tq} new tokens "
                              f"and fits the cache of {T}), got values in [{lo}, {hi}]")
-    if c_cache is None or not checks.values_checkable(c_cache):
+    if c_cache is None or not checks.gates_checkable(c_cache, current_options().check_gates):
         return
     pos = torch.arange(T, device=c_cache.device)[None, :]
     valid = pos < (lens[:, None].to(c_cache.device) if lens is not None else T)
     if seq_start is not None:
         valid = valid & (pos >= seq_start[:, None].to(c_cache.device))
-    checks.check_no_zero_gates("c_cache", c_cache.masked_fill(~valid[..., None], 0.0), _NO_ZERO_GATES)
+    checks.check_no_zero_gates("c_cache", c_cache.masked_fill(~valid[..., None], 0.0), _NO_ZERO_GATES, True)
 
 
 def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

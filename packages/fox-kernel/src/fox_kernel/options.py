@@ -3,7 +3,8 @@
 Calls that pass no ``options=`` take ``current_options()``: those of the innermost ``kernel_options(...)``
 block, else the environment's ``FOX_KERNEL_*`` variables, read once, at the first call (see the table in
 the package README). The options change how the Triton and Gluon kernels compute, never what: every
-setting gives the same results up to rounding (the two-pass backward's are bit-reproducible).
+setting gives the same results up to rounding (the two-pass backward's are bit-reproducible), except
+that ``check_gates`` turns the NaN rows after a gate of exactly 0 on CUDA into exact results or an error.
 
 ``TRITON_INTERPRET`` is not an option: Triton reads it when a kernel is defined, so it is read here once,
 at import (``INTERPRET``).
@@ -64,6 +65,15 @@ class KernelOptions:
     """[FOX_KERNEL_ORDER_DKDV=heads|blocks] Launch order of the Triton dK/dV pass; None: by shape."""
     order_dq: str | None = None
     """[FOX_KERNEL_ORDER_DQ=heads|blocks] Launch order of the Triton dQ pass; None: blocks."""
+    check_gates: bool = False
+    """[FOX_KERNEL_CHECK_GATES=0|1] Look for gates of exactly 0 (log gate -inf) in CUDA inputs as well, at one
+    wait for the GPU per call (not while compiling or capturing a CUDA graph): ``forgetting_attention`` then
+    runs a call that holds one on the PyTorch path, which masks across it exactly (the kernels' rows after
+    it would be NaN), as it does in the interpreter; the decoding calls refuse it (a cache of prefix sums
+    cannot hold it). Off, CUDA inputs are not read and such rows come out NaN."""
+    torch_path: bool = False
+    """[FOX_KERNEL_TORCH_PATH=0|1] Run CUDA (and interpreter) calls of ``forgetting_attention`` on the chunked
+    PyTorch path instead of the kernels: slower, the same math, exact with gates of exactly 0."""
 
     def __post_init__(self):
         if self.backward not in BACKWARD_MODES:
@@ -130,16 +140,18 @@ _ENV_NAMES = {
     "gluon": "FOX_KERNEL_GLUON", "backward": "FOX_KERNEL_BACKWARD", "fixed_bound": "FOX_KERNEL_FIXED_BOUND",
     "fixed_rows": "FOX_KERNEL_FIXED_ROWS", "tma": "FOX_KERNEL_TMA", "order_fwd": "FOX_KERNEL_ORDER_FWD",
     "order_dkdv": "FOX_KERNEL_ORDER_DKDV", "order_dq": "FOX_KERNEL_ORDER_DQ",
+    "check_gates": "FOX_KERNEL_CHECK_GATES", "torch_path": "FOX_KERNEL_TORCH_PATH",
 }
 _PARSERS = {
     "gluon": _parse_bool, "backward": _parse_choice(BACKWARD_MODES), "fixed_bound": _parse_bool,
     "fixed_rows": lambda raw: FixedRows(int(_parse_choice(("0", "1", "2"))(raw))), "tma": _parse_bool,
     "order_fwd": _parse_choice(LAUNCH_ORDERS), "order_dkdv": _parse_choice(LAUNCH_ORDERS),
-    "order_dq": _parse_choice(LAUNCH_ORDERS),
+    "order_dq": _parse_choice(LAUNCH_ORDERS), "check_gates": _parse_bool, "torch_path": _parse_bool,
 }
 _ENV_VALUES = {
     "gluon": "0 or 1", "backward": " or ".join(BACKWARD_MODES), "fixed_bound": "0 or 1", "fixed_rows": "0, 1 or 2",
     "tma": "0 or 1", "order_fwd": "heads or blocks", "order_dkdv": "heads or blocks", "order_dq": "heads or blocks",
+    "check_gates": "0 or 1", "torch_path": "0 or 1",
 }
 
 _overrides: list[KernelOptions] = []

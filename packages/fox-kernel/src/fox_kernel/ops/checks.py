@@ -103,16 +103,35 @@ def check_threshold_tensor(threshold: torch.Tensor) -> None:
         check_threshold_number(float(threshold[index]))
 
 
-def check_no_zero_gates(name: str, log_gates: torch.Tensor, why: str) -> None:
-    """Refuse log gates of -inf (a gate of exactly 0) where they cannot be handled exactly (CPU tensors only,
-    see ``values_checkable``); ``log_gates`` (B, T, H), or prefix sums of them."""
-    if not values_checkable(log_gates) or log_gates.numel() == 0:
-        return
+def gates_checkable(x: torch.Tensor, check_gates: bool) -> bool:
+    """Whether ``x``'s gates may be read for -inf: where ``values_checkable``, and with
+    ``KernelOptions.check_gates`` on a CUDA device too, outside compiling and CUDA-graph capture (there the
+    read would wait for the GPU, which the option accepts)."""
+    if values_checkable(x):
+        return True
+    return (check_gates and x.is_cuda and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing())
+
+
+def zero_gate_at(log_gates: torch.Tensor) -> tuple[int, int, int] | None:
+    """(b, t, h) of the first -inf (a gate of exactly 0) in ``log_gates`` (B, T, H), or None."""
     zero = torch.isneginf(log_gates)
-    if zero.any():
-        b, t, h = (int(i) for i in zero.nonzero()[0])
-        raise ValueError(f"{name} must not hold -inf (a gate of exactly 0), got -inf at (b, t, h) = ({b}, {t}, {h}): "
-                         f"{why}")
+    if log_gates.numel() == 0 or not zero.any():
+        return None
+    return tuple(int(i) for i in zero.nonzero()[0])
+
+
+def refuse_zero_gate(name: str, at: tuple[int, int, int], why: str):
+    b, t, h = at
+    raise ValueError(f"{name} must not hold -inf (a gate of exactly 0), got -inf at (b, t, h) = ({b}, {t}, {h}): "
+                     f"{why}")
+
+
+def check_no_zero_gates(name: str, log_gates: torch.Tensor, why: str, check_gates: bool = False) -> None:
+    """Refuse log gates of -inf (a gate of exactly 0) where they cannot be handled exactly and can be read
+    (``gates_checkable``); ``log_gates`` (B, T, H), or prefix sums of them."""
+    if gates_checkable(log_gates, check_gates) and (at := zero_gate_at(log_gates)) is not None:
+        refuse_zero_gate(name, at, why)
 
 
 def require_window_size(window_size) -> None:

@@ -2,7 +2,8 @@
 
 * The device path (``runs_triton``): CUDA tensors run the GPU kernels; CPU tensors the chunked PyTorch
   twin (``chunked.py``), or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``
-  (float32; float64 always takes the PyTorch path).
+  (float32; float64 always takes the PyTorch path). ``KernelOptions.torch_path`` sends any call to the
+  PyTorch twin (``forgetting_attention`` sets it for a call with a gate of exactly 0 it has seen).
 * The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
   (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``
   or a window, a Triton with Gluon), else the Triton kernels.
@@ -62,7 +63,7 @@ def forward_backend(q, k, seq_start, cu_seqlens, pruned: bool, window, options: 
     GLUON_FWD_MAX_KEYS (the pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100:
     fox-train/benchmarks/forward-ab-h100-s16-125m.json), as does the online softmax (Triton's fixed bound
     is faster on long sequences at D=64)."""
-    if not runs_triton(q):
+    if not runs_triton(q) or options.torch_path:
         return Backend.TORCH
     if not _gluon_applies(q, seq_start, cu_seqlens, window, options):
         return Backend.TRITON
@@ -83,7 +84,7 @@ def one_pass_backward(options: KernelOptions) -> bool:
 
 def backward_plan(q, seq_start, cu_seqlens, window, options: KernelOptions) -> tuple[Backend, bool]:
     """(backend, one pass) of the backward."""
-    if not runs_triton(q):
+    if not runs_triton(q) or options.torch_path:
         return Backend.TORCH, False
     if _gluon_applies(q, seq_start, cu_seqlens, window, options):
         # the Gluon one pass holds float32 dQ tiles in shared memory: GLUON_ONE_PASS_DIMS only
