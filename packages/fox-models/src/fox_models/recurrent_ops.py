@@ -114,13 +114,18 @@ def head_gated_linear_attention(q, k, v, log_g, scale, state=None):
     return gla_recurrence(q, k, v, log_g.unsqueeze(-1).expand_as(q), scale, state)
 
 
-def delta_rule(q, k, v, beta, scale, state=None):
+def delta_rule(q, k, v, beta, scale, state=None, l2_normalize_qk: bool = False):
+    """The delta rule; with ``l2_normalize_qk``, of ``l2_normalize(q)`` and ``l2_normalize(k)`` (inside
+    flash-linear-attention's kernel, the same formula and eps, rather than as separate float32 ops)."""
     # flash-linear-attention's chunk_delta_rule takes 16-bit inputs only (0.6 refuses float32): float32
     # models run the float32 recurrence
     if _use_fla(q) and q.dtype in (torch.bfloat16, torch.float16):
         chunk_delta_rule = _fla_ops()[1]
-        o, S = chunk_delta_rule(q, k, v, beta.to(q.dtype), scale=scale, initial_state=state, output_final_state=True)
+        o, S = chunk_delta_rule(q, k, v, beta.to(q.dtype), scale=scale, initial_state=state, output_final_state=True,
+                                use_qk_l2norm_in_kernel=l2_normalize_qk)
         return o.to(v.dtype), S
+    if l2_normalize_qk:
+        q, k = l2_normalize(q), l2_normalize(k)
     return delta_rule_recurrence(q, k, v, beta, scale, state)
 
 

@@ -12,7 +12,7 @@ from fox_layers import RMSNorm
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.delta_net.configuration import DeltaNetConfig
 from fox_models.recurrent import RecurrentState, _MixerBackbone, _RecurrentInit
-from fox_models.recurrent_ops import delta_rule, l2_normalize, short_conv
+from fox_models.recurrent_ops import delta_rule, short_conv
 
 
 class DeltaNetAttention(nn.Module):
@@ -51,11 +51,10 @@ class DeltaNetAttention(nn.Module):
         v, cv = self.v_conv1d(v, get("conv_v"))
         if real is not None:
             v = v * real
-        q = l2_normalize(q.view(B, T, H, -1))
-        k = l2_normalize(k.view(B, T, H, -1))
         acc = torch.promote_types(x.dtype, torch.float32)
         beta = torch.sigmoid(self.b_proj(x).to(acc)) if self.use_beta else x.new_ones(B, T, H, dtype=acc)
-        o, S = delta_rule(q, k, v.view(B, T, H, -1), beta, self.head_k_dim ** -0.5, get("S"))
+        o, S = delta_rule(q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), beta, self.head_k_dim ** -0.5,
+                          get("S"), l2_normalize_qk=True)
         if state is not None:
             state.tensors.update(S=S, conv_q=cq, conv_k=ck, conv_v=cv)
         return self.o_proj(self.o_norm(o).reshape(B, T, -1))
