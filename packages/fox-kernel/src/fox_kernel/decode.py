@@ -141,7 +141,8 @@ def _check_cache_values(c_cache, lens, seq_start, Tq, T):
     valid = pos < (lens[:, None].to(c_cache.device) if lens is not None else T)
     if seq_start is not None:
         valid = valid & (pos >= seq_start[:, None].to(c_cache.device))
-    checks.check_no_zero_gates("c_cache", c_cache.masked_fill(~valid[..., None], 0.0), _NO_ZERO_GATES, True)
+    if (at := checks.zero_gate_at(c_cache.masked_fill(~valid[..., None], 0.0))) is not None:
+        checks.refuse_zero_gate("c_cache", at, _NO_ZERO_GATES)
 
 
 def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

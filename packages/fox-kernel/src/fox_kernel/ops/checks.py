@@ -9,6 +9,7 @@ or on CPU tensors, never for CUDA tensors on the hot path, and never while ``tor
 from __future__ import annotations
 
 import math
+from typing import NoReturn
 
 import torch
 
@@ -121,7 +122,7 @@ def zero_gate_at(log_gates: torch.Tensor) -> tuple[int, int, int] | None:
     return tuple(int(i) for i in zero.nonzero()[0])
 
 
-def refuse_zero_gate(name: str, at: tuple[int, int, int], why: str):
+def refuse_zero_gate(name: str, at: tuple[int, int, int], why: str) -> NoReturn:
     b, t, h = at
     raise ValueError(f"{name} must not hold -inf (a gate of exactly 0), got -inf at (b, t, h) = ({b}, {t}, {h}): "
                      f"{why}")
