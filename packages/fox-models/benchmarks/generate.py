@@ -9,7 +9,8 @@ after the prefill), and the peak GPU memory of the whole generate() call. bf16 w
 - ``LlamaForCausalLM`` (SDPA) with transformers' dynamic cache, and with its static cache (``--static``),
   for which generate() itself compiles the decoding step (transformers' default compile config);
 - with ``--static`` also the FoX models with their static cache, whose decoding steps replay a CUDA graph
-  (``fox_models.static_cache``).
+  (``fox_models.static_cache``): the step compiled first (generate()'s default on a GPU), and eager
+  (``disable_compile=True``).
 
 ``--profile N`` also profiles one prefill of each row: its wall time against the time of the device
 kernels it ran (a prefill much slower than its kernels waits on the host), the number of kernel launches,
@@ -23,6 +24,7 @@ Prints a table and writes JSON:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -34,6 +36,7 @@ from fox_layers.mlp import intermediate_size_for
 from fox_models.presets import get_preset
 
 FOX_MODELS = {"FoX (Pro)": "fox-pro", "FoX (LLaMA)": "fox-llama", "Transformer (LLaMA)": "transformer-llama"}
+FOX_STATIC = {f"{name}, static cache{how} + CUDA graph" for name in FOX_MODELS for how in ("", " + compile")}
 
 
 def llama_like(config) -> LlamaForCausalLM:
@@ -64,9 +67,15 @@ def timed(fn, device, reps: int) -> tuple[float, object]:
     return sorted(times)[len(times) // 2], out
 
 
-def profile_call(fn, device, top: int) -> dict:
-    """One call of ``fn`` under torch.profiler: wall ms, device-kernel ms and launches, the ``top`` costliest
-    kernels (device time) and host operators (self CPU time)."""
+def _rank(d: dict, top: int, per: float = 1.0) -> list[dict]:
+    """The ``top`` entries of {name: (calls, ms)} by ms, each divided by ``per``."""
+    return [dict(name=k, calls=n / per, ms=ms / per)
+            for k, (n, ms) in sorted(d.items(), key=lambda kv: -kv[1][1])[:top]]
+
+
+def _profiled(fn, device) -> tuple[float, dict, dict]:
+    """One call of ``fn`` under torch.profiler: wall seconds, {kernel: (calls, device ms)} and
+    {host operator: (calls, self CPU ms)}."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -84,10 +93,29 @@ def profile_call(fn, device, top: int) -> dict:
     for e in prof.key_averages():
         if e.self_cpu_time_total > 0:
             host[e.key] = (e.count, e.self_cpu_time_total / 1e3)
-    rank = lambda d: [dict(name=k, calls=n, ms=ms) for k, (n, ms) in sorted(d.items(), key=lambda kv: -kv[1][1])[:top]]
+    return wall, kernels, host
+
+
+def profile_call(fn, device, top: int) -> dict:
+    """One call of ``fn`` under torch.profiler: wall ms, device-kernel ms and launches, the ``top`` costliest
+    kernels (device time) and host operators (self CPU time)."""
+    wall, kernels, host = _profiled(fn, device)
     return dict(wall_ms=wall * 1e3, kernel_ms=sum(ms for _, ms in kernels.values()),
                 kernel_launches=sum(n for n, _ in kernels.values()),
-                host_ms=sum(ms for _, ms in host.values()), kernels=rank(kernels), host_ops=rank(host))
+                host_ms=sum(ms for _, ms in host.values()), kernels=_rank(kernels, top), host_ops=_rank(host, top))
+
+
+def profile_decoding(prefill, generate, steps: int, device, top: int) -> dict:
+    """Per decoded token: a ``generate`` of ``steps`` more tokens than ``prefill``, minus ``prefill``, under
+    the profiler (kernels replayed from a CUDA graph count too), divided by ``steps``."""
+    wall0, k0, h0 = _profiled(prefill, device)
+    wall1, k1, h1 = _profiled(generate, device)
+    diff = lambda a, b: {k: (n - b.get(k, (0, 0.0))[0], ms - b.get(k, (0, 0.0))[1]) for k, (n, ms) in a.items()}
+    kernels, host = diff(k1, k0), diff(h1, h0)
+    return dict(wall_ms=(wall1 - wall0) * 1e3 / steps, kernel_ms=sum(ms for _, ms in kernels.values()) / steps,
+                kernel_launches=sum(n for n, _ in kernels.values()) / steps,
+                host_ms=sum(ms for _, ms in host.values()) / steps,
+                kernels=_rank(kernels, top, steps), host_ops=_rank(host, top, steps))
 
 
 @torch.no_grad()
@@ -106,8 +134,12 @@ def measure(model, batch: int, prompt: int, new_tokens: int, reps: int, device, 
            "total_s": total_s,
            "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None}
     if profile_top:
-        row["prefill_profile"] = profile_call(
-            lambda: model.generate(ids, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1}), device, profile_top)
+        prefill = lambda: model.generate(ids, **{**gen, "max_new_tokens": 1, "min_new_tokens": 1})
+        row["prefill_profile"] = profile_call(prefill, device, profile_top)
+        steps = min(new_tokens - 1, 32)
+        row["decode_profile"] = profile_decoding(
+            prefill, lambda: model.generate(ids, **{**gen, "max_new_tokens": steps + 1, "min_new_tokens": steps + 1}),
+            steps, device, profile_top)
     return row
 
 
@@ -140,6 +172,7 @@ def main() -> None:
     if args.static:
         builders["HF Llama (SDPA, static cache + compile)"] = lambda: llama_like(llama_config)
         for name in FOX_MODELS:
+            builders[f"{name}, static cache + compile + CUDA graph"] = builders[name]
             builders[f"{name}, static cache + CUDA graph"] = builders[name]
     names = args.models or list(builders)
     unknown = [n for n in names if n not in builders]
@@ -152,6 +185,8 @@ def main() -> None:
     for name in names:
         model = builders[name]().to(device=device, dtype=dtype).eval()
         gen_kwargs = {"cache_implementation": "static"} if "static" in name else None
+        if "static" in name and name in FOX_STATIC and "compile" not in name:
+            gen_kwargs["disable_compile"] = True
         for batch in args.batch:
             for prompt in args.prompt:
                 try:
@@ -161,25 +196,28 @@ def main() -> None:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
                 rows.append({"model": name, "batch": batch, "prompt": prompt, **r})
-                print(json.dumps({k: v for k, v in rows[-1].items() if k != "prefill_profile"}), flush=True)
-                if "prefill_profile" in r:
-                    prof = r["prefill_profile"]
-                    print(f"  one prefill: {prof['wall_ms']:.1f} ms wall, {prof['kernel_ms']:.1f} ms in "
-                          f"{prof['kernel_launches']} kernels, {prof['host_ms']:.1f} ms of host operators")
+                print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_profile")}), flush=True)
+                for what, label in (("prefill_profile", "one prefill"), ("decode_profile", "per decoded token")):
+                    if what not in r:
+                        continue
+                    prof = r[what]
+                    print(f"  {label}: {prof['wall_ms']:.2f} ms wall, {prof['kernel_ms']:.2f} ms in "
+                          f"{prof['kernel_launches']:.0f} kernels, {prof['host_ms']:.2f} ms of host operators")
                     for kind in ("kernels", "host_ops"):
                         for k in prof[kind]:
-                            print(f"  {kind:8s} {k['ms']:8.2f} ms {k['calls']:6d}x  {k['name'][:90]}")
+                            print(f"  {kind:8s} {k['ms']:8.3f} ms {k['calls']:7.1f}x  {k['name'][:90]}")
                 write(args.out, env, rows)
         del model
+        gc.collect()  # a model with a compiled step is freed by the collector
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    print(f"\n{'model':42s} {'batch':>5s} {'prompt':>6s} {'prefill ms':>10s} {'decode tok/s':>12s} {'peak GiB':>8s}")
+    print(f"\n{'model':56s} {'batch':>5s} {'prompt':>6s} {'prefill ms':>10s} {'decode tok/s':>12s} {'peak GiB':>8s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:42s} {r['batch']:5d} {r['prompt']:6d} {r['error']}")
+            print(f"{r['model']:56s} {r['batch']:5d} {r['prompt']:6d} {r['error']}")
             continue
         peak = f"{r['peak_gib']:8.2f}" if r["peak_gib"] is not None else "     n/a"
-        print(f"{r['model']:42s} {r['batch']:5d} {r['prompt']:6d} {r['prefill_ms']:10.1f} {r['decode_tokens_per_s']:12,.0f} {peak}")
+        print(f"{r['model']:56s} {r['batch']:5d} {r['prompt']:6d} {r['prefill_ms']:10.1f} {r['decode_tokens_per_s']:12,.0f} {peak}")
     print(f"wrote {args.out}")
 
 

@@ -143,16 +143,16 @@ def test_static_cache_beam_search_equals_the_growing_cache():
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_graph_decoding_equals_eager_decoding(family, dtype):
-    """Replayed steps give the eager static cache's logits (the same kernels, so bit for bit) and the
-    growing cache's tokens; a second call replays the graph captured by the first."""
+    """Replayed steps (of the step not compiled) give the eager static cache's logits (the same kernels, so
+    bit for bit) and the growing cache's tokens; a second call replays the graph captured by the first."""
     model = tiny_model(family, device="cuda", dtype=dtype, hidden_size=128, num_heads=2)
     ids, mask = left_padded([37, 5, 64], device="cuda")
     want, want_logits = _generate(model, ids, mask, 20)
-    tokens, logits = _generate(model, ids, mask, 20, cache_implementation="static")
+    tokens, logits = _generate(model, ids, mask, 20, cache_implementation="static", disable_compile=True)
     cache = model._static_cache
-    assert cache._graph is not None
+    assert cache._graph is not None and cache.compile_config is None
     cache.graphs = False
-    eager, eager_logits = _generate(model, ids, mask, 20, cache_implementation="static")
+    eager, eager_logits = _generate(model, ids, mask, 20, cache_implementation="static", disable_compile=True)
     torch.testing.assert_close(logits, eager_logits, rtol=0, atol=0)
     assert torch.equal(tokens, eager)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -161,5 +161,23 @@ def test_cuda_graph_decoding_equals_eager_decoding(family, dtype):
         assert torch.equal(tokens, want)
     cache.graphs = True
     graph = cache._graph[1]
-    again, _ = _generate(model, ids, mask, 20, cache_implementation="static")
+    again, _ = _generate(model, ids, mask, 20, cache_implementation="static", disable_compile=True)
     assert cache._graph[1] is graph and torch.equal(again, tokens)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_decoding_step_equals_the_eager_step(family):
+    """On a GPU generate() compiles the static cache's decoding step before capturing it (transformers'
+    auto-compile switch): its logits equal the eager step's up to rounding, its tokens the growing
+    cache's, also for a second prompt of another length and padding."""
+    model = tiny_model(family, device="cuda", dtype=torch.float32, hidden_size=128, num_heads=2)
+    for lengths, seed in (([37, 5, 64], 1), ([12, 30, 3], 2)):
+        ids, mask = left_padded(lengths, seed=seed, device="cuda")
+        want, _ = _generate(model, ids, mask, 20)
+        eager, eager_logits = _generate(model, ids, mask, 20, cache_implementation="static", disable_compile=True)
+        tokens, logits = _generate(model, ids, mask, 20, cache_implementation="static")
+        cache = model._static_cache
+        assert cache.compile_config is not None and cache._graph is not None
+        torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
+        assert torch.equal(tokens, want) and torch.equal(eager, want)

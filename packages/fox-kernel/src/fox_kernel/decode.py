@@ -48,6 +48,12 @@ def append_to_cache(
     return (torch.cat([k_cache, k_new], dim=1), torch.cat([v_cache, v_new], dim=1), torch.cat([c_cache, c_new], dim=1))
 
 
+def _check_gates() -> bool:
+    """``KernelOptions.check_gates``, read outside compiling only (a compiled step never reads gates, and
+    reading the options there would break its graph)."""
+    return not torch.compiler.is_compiling() and current_options().check_gates
+
+
 def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
     """Prefix sums of the new gates (B, Tn, H) at cache positions ``pos`` ((1 or B, Tn)), continuing from
     ``c_last`` (B, H) (None: from 0); gates before ``seq_start`` (left padding) do not count."""
@@ -56,7 +62,7 @@ def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
     g = log_fgate_new
     if seq_start is not None:
         g = torch.where((pos >= seq_start[:, None].long())[..., None], g, torch.zeros_like(g))
-    checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES, current_options().check_gates)
+    checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES, _check_gates())
     # scanned along the last, contiguous dim: PyTorch's CUDA scan along dim 1 of a (B, T, H) tensor is about
     # 100x slower (2.9 ms for T = 16k, H = 12 on an H100, most of a 16k-token prefill into a cache)
     c_new = torch.cumsum(g.double().transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
@@ -135,7 +141,7 @@ def _check_cache_values(c_cache, lens, seq_start, Tq, T):
         if lo < max(Tq, 1) or hi > T:
             raise ValueError(f"cache_seqlens must lie in [{max(Tq, 1)}, {T}] (each row holds the {Tq} new tokens "
                              f"and fits the cache of {T}), got values in [{lo}, {hi}]")
-    if c_cache is None or not checks.gates_checkable(c_cache, current_options().check_gates):
+    if c_cache is None or not checks.gates_checkable(c_cache, _check_gates()):
         return
     pos = torch.arange(T, device=c_cache.device)[None, :]
     valid = pos < (lens[:, None].to(c_cache.device) if lens is not None else T)

@@ -274,7 +274,9 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
                                  "than the tokens they hold)")
             if (cache.can_replay(input_ids) and labels is None and inputs_embeds is None and not output_hidden_states
                     and cu_seqlens is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
-                logits = cache.decode(functools.partial(self._decode_step, cache=cache), input_ids)
+                step = self._decode_step if cache.compile_config is None else self._compiled_decode_step(cache.compile_config)
+                logits = cache.decode(functools.partial(step, cache=cache), input_ids,
+                                      warm_steps=1 if cache.compile_config is None else 2)
                 output = CausalLMOutputWithPast(logits=logits, past_key_values=cache)
                 return output if return_dict is not False else output.to_tuple()
         out = self.model(
@@ -315,6 +317,32 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         h = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, return_dict=True).last_hidden_state
         return self.lm_head(h)
 
+    def _compiled_decode_step(self, compile_config):
+        """``_decode_step`` under ``torch.compile`` with ``compile_config``'s backend, fullgraph and options
+        (kept per config). Its mode is not used, as the static cache captures the CUDA graph itself, and
+        shapes are dynamic where they change (``dynamic=None``): the decoding position is a symbol, so a
+        new prompt length does not compile again."""
+        compiled = self.__dict__.setdefault("_compiled_decode_steps", {})
+        key = repr(compile_config)
+        if key not in compiled:  # the function, not the bound method: the model holds no cycle through it
+            compiled[key] = torch.compile(type(self)._decode_step, backend=compile_config.backend,
+                                          fullgraph=compile_config.fullgraph, dynamic=None,
+                                          options=compile_config.options)
+        return functools.partial(compiled[key], self)
+
+    def _valid_auto_compile_criteria(self, model_kwargs, generation_config) -> bool:
+        """transformers compiles the whole forward for a compileable cache. These models compile instead the
+        decoding step of a ``StaticFoxCache`` on a GPU (fusing its small operations before the step is
+        captured as a CUDA graph), with ``generation_config.compile_config`` (default: transformers'
+        ``CompileConfig()``); ``generation_config.disable_compile=True`` keeps it eager."""
+        cache = model_kwargs.get("past_key_values")
+        if isinstance(cache, StaticFoxCache):
+            compile_ok = not getattr(generation_config, "disable_compile", False) and self.device.type == "cuda"
+            cache.compile_config = ((getattr(generation_config, "compile_config", None) or _default_compile_config())
+                                    if compile_ok else None)
+            return False
+        return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         config = kwargs.get("config")
@@ -324,6 +352,12 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
             config.qk_norm_share_param_across_head = _qk_norm_is_shared(pretrained_model_name_or_path, config, kwargs)
         kwargs["config"] = config
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
+
+def _default_compile_config():
+    from transformers.generation.configuration_utils import CompileConfig
+
+    return CompileConfig()
 
 
 def _hub_kwargs(kwargs):

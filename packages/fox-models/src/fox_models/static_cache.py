@@ -5,9 +5,10 @@ is replayed as a CUDA graph.
 per row (and keeps it on the model for the next call of the same capacity). Each layer's K, V, gate prefix
 sums, token-shift states and left padding live in buffers allocated once, at the prefill; every later
 token is written in place at the row's length, which is a device tensor (``cache_seqlens``). So a
-decoding step has fixed shapes, fixed addresses and no host synchronisation: on a GPU the model runs the
-first step eagerly (it compiles the kernels), captures the second in a CUDA graph and replays that graph
-for every later token (one launch instead of hundreds). The result equals the growing cache's
+decoding step has fixed shapes, fixed addresses and no host synchronisation: on a GPU ``generate()``
+compiles the step with ``torch.compile`` (unless ``disable_compile=True``), the model runs the first steps
+without capture (they compile the kernels and the step), captures the next in a CUDA graph and replays
+that graph for every later token (one launch instead of hundreds). The result equals the growing cache's
 (``FoxCache``) token for token; the tests check it.
 
 What a static cache cannot do: grow past its capacity (a clear error), change its batch size in the middle
@@ -155,14 +156,19 @@ class StaticFoxCache(FoxCache):
         self.capacity = capacity
         self.graphs = True
         """Replay decoding steps as a CUDA graph (on a GPU); False runs every step eagerly."""
+        self.compile_config = None
+        """transformers' ``CompileConfig`` of the decoding step that is captured, or None (not compiled):
+        ``generate()`` sets it (see ``FoxPreTrainedModel._valid_auto_compile_criteria``)."""
         self._graph = None
         self._warm_key = None
+        self._warm_steps = 0
 
     def _key(self):
-        """What a captured step depends on besides the buffers' contents: their addresses, and the prompt
-        length (the token shift's padding test takes the step's position as a number)."""
+        """What a captured step depends on besides the buffers' contents: their addresses, the prompt
+        length (the token shift's padding test takes the step's position as a number) and how the step is
+        compiled."""
         first = self.layers[0]
-        return (first._prefill_length, tuple(layer.k.data_ptr() for layer in self.layers))
+        return (first._prefill_length, tuple(layer.k.data_ptr() for layer in self.layers), repr(self.compile_config))
 
     def can_replay(self, input_ids) -> bool:
         """Whether ``decode`` takes this step: a CUDA cache holding a prompt, one new token per row."""
@@ -170,10 +176,12 @@ class StaticFoxCache(FoxCache):
         return (self.graphs and first.k is not None and first.k.is_cuda and first.length > 0
                 and input_ids is not None and input_ids.dim() == 2 and input_ids.shape[1] == 1)
 
-    def decode(self, step, input_ids: torch.Tensor) -> torch.Tensor:
+    def decode(self, step, input_ids: torch.Tensor, warm_steps: int = 1) -> torch.Tensor:
         """``step(input_ids)`` (the model's logits for one new token per row, appending it to this cache),
-        replayed from a CUDA graph: the first step of a prompt shape runs eagerly on a side stream (it
-        compiles the kernels and sets up cuBLAS for the capture), the next is captured, later ones replay."""
+        replayed from a CUDA graph: the first ``warm_steps`` steps of a prompt shape run without capture on
+        a side stream (they compile the kernels, or the whole step under ``torch.compile``, and set up
+        cuBLAS), the next is captured, later ones replay. A compiled step needs two: its second call
+        recompiles with the decoding position as a symbol, and nothing may compile while capturing."""
         for layer in self.layers:
             if layer.length + 1 > layer.capacity:
                 raise ValueError(f"the static cache holds {layer.capacity} tokens per row and is full "
@@ -182,12 +190,14 @@ class StaticFoxCache(FoxCache):
         if self._graph is None or self._graph[0] != key:
             self._graph = None
             if self._warm_key != key:
+                self._warm_key, self._warm_steps = key, 0
+            if self._warm_steps < warm_steps:
                 stream = torch.cuda.Stream()
                 stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(stream):
                     logits = step(input_ids)
                 torch.cuda.current_stream().wait_stream(stream)
-                self._warm_key = key
+                self._warm_steps += 1
                 return logits
             static_ids = input_ids.clone()
             lengths = [layer._length for layer in self.layers]

@@ -180,10 +180,14 @@ def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
     return max(1, min(triton.cdiv(2 * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
 
 
-def decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None, threshold=None,
-           window=0):
+@torch.library.custom_op("fox_kernel::decode", mutates_args=())
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cache: torch.Tensor,
+           cache_seqlens: torch.Tensor, seq_start: torch.Tensor | None, sm_scale: float,
+           block_table: torch.Tensor | None = None, threshold: torch.Tensor | None = None,
+           window: int = 0) -> torch.Tensor:
     """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
-    With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...)."""
+    With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...).
+    A custom op, so ``torch.compile`` (a compiled decoding step) calls the kernels as they are."""
     B, Tq, H, D = q.shape
     Hkv = k_cache.shape[2]
     page_size = k_cache.shape[1]
@@ -217,3 +221,8 @@ def decode(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, blo
             GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4,
         )
     return out
+
+
+@decode.register_fake
+def _(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, sm_scale, block_table=None, threshold=None, window=0):
+    return torch.empty_like(q)
