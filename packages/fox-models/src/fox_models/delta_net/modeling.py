@@ -9,6 +9,7 @@ from torch import nn
 from transformers import initialization as init
 
 from fox_layers import RMSNorm
+from fox_layers.kernels.norm_gate import norm_gate
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.delta_net.configuration import DeltaNetConfig
 from fox_models.recurrent import RecurrentState, _MixerBackbone, _RecurrentInit
@@ -57,7 +58,16 @@ class DeltaNetAttention(nn.Module):
                           get("S"), l2_normalize_qk=True)
         if state is not None:
             state.tensors.update(S=S, conv_q=cq, conv_k=ck, conv_v=cv)
-        return self.o_proj(self.o_norm(o).reshape(B, T, -1))
+        return self.o_proj(self._head_norm(o.reshape(B, T, -1)))
+
+    def _head_norm(self, o):
+        """``o_norm`` on each head of o (B, T, H * Dv): one fused pass on CUDA (the weight shared by the heads)
+        while o_norm is a plain RMSNorm without hooks; otherwise called as a module."""
+        norm = self.o_norm
+        if type(norm) is RMSNorm and norm.weight is not None and not (norm._forward_hooks or norm._forward_pre_hooks) \
+                and "forward" not in norm.__dict__:
+            return norm_gate(o, norm.weight, None, self.num_heads, norm.eps)
+        return norm(o.unflatten(-1, (self.num_heads, -1))).flatten(-2)
 
 
 class _ConvWeight(nn.Module):

@@ -173,11 +173,16 @@ def _merge_kernel(ACC, M, L, O, o_strides, B, HKV, Q0, ROWS, D, SPLITS,
     tl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < GROUP * ROWS)[:, None] & (offs_d < D)[None, :])
 
 
+TILES = dict(block_n=64, num_stages=2, num_warps=4, programs_per_sm=2)
+"""The decode kernel's launch on CUDA: keys per tile, pipeline stages, warps, and how many programs per SM
+the split of the cache aims at (``benchmarks/tune_decode.py`` sweeps them)."""
+
+
 def _num_splits(device, work: int, t_max: int, block_n: int) -> int:
     if launch.INTERPRET or device.type != "cuda":
         return max(1, min(4, triton.cdiv(t_max, block_n)))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(2 * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
+    return max(1, min(triton.cdiv(TILES["programs_per_sm"] * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
 
 
 @torch.library.custom_op("fox_kernel::decode", mutates_args=())
@@ -194,7 +199,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
     Tmax = page_size * block_table.shape[1] if block_table is not None else k_cache.shape[1]
     group = H // Hkv
     block_d = launch.block_d(D)
-    block_n = 16 if launch.INTERPRET or not q.is_cuda else 64
+    block_n = 16 if launch.INTERPRET or not q.is_cuda else TILES["block_n"]
     rows_per_launch = max(1, 64 // group)
     splits = _num_splits(q.device, B * Hkv, Tmax, block_n)
     out = torch.empty_like(q)
@@ -214,7 +219,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
             PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=launch.scan(),
             TILE_IN_PAGE=page_size % block_n == 0,
             PRECISION=launch.precision(q.dtype),
-            num_warps=4, num_stages=2 if q.is_cuda else 1,
+            num_warps=TILES["num_warps"], num_stages=TILES["num_stages"] if q.is_cuda else 1,
         )
         _merge_kernel[(B * Hkv,)](
             acc, m, lsum, out, launch.strides(out), B, Hkv, q0, rows, D, splits,

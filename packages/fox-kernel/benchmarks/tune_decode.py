@@ -1,0 +1,77 @@
+"""Sweeps the decode kernel's launch (``fox_kernel.ops.triton.decode.TILES``: keys per tile, pipeline
+stages, warps, programs per SM) at the shapes of a model's decoding step, and prints the bandwidth of each
+(the cache's K/V bytes over the median time, BENCHMARKS.md) beside SDPA without a gate. Each setting's
+output is checked against the default one's.
+
+    python packages/fox-kernel/benchmarks/tune_decode.py --out tune-decode.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from fox_kernel import forgetting_attention_with_kvcache
+from fox_kernel.ops.triton import decode as triton_decode
+
+# (B, T, H, Hkv, D): the 125M models at batch 32 and 1 (16k and 2k tokens), the 760M model, and a GQA cache
+SHAPES = [(32, 16384, 12, 12, 64), (32, 2048, 12, 12, 64), (1, 16384, 12, 12, 64), (8, 16384, 12, 12, 128),
+          (8, 32768, 32, 8, 128)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="tune-decode.json")
+    args = ap.parse_args()
+    default = dict(triton_decode.TILES)
+    grid = [dict(block_n=n, num_stages=s, num_warps=w, programs_per_sm=p)
+            for n, s, w, p in itertools.product((64, 128), (2, 3, 4), (4, 8), (2, 4, 8))]
+    rows = []
+    for B, T, H, Hkv, D in SHAPES:
+        torch.manual_seed(0)
+        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        c = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4), dim=1)
+        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+        kv_bytes = 2 * k.numel() * k.element_size()
+        triton_decode.TILES.update(default)
+        ref = forgetting_attention_with_kvcache(q, k, v, c, lens)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        sdpa = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
+                                       warmup=25, rep=100, return_mode="median")
+        best = None
+        for tiles in grid:
+            triton_decode.TILES.update(tiles)
+            try:
+                out = forgetting_attention_with_kvcache(q, k, v, c, lens)
+                err = (out.float() - ref.float()).abs().max().item()
+                ms = triton.testing.do_bench(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens),
+                                             warmup=25, rep=100, return_mode="median")
+            except Exception as e:  # a setting that does not compile (shared memory) is skipped
+                rows.append(dict(B=B, T=T, H=H, Hkv=Hkv, D=D, **tiles, error=str(e).splitlines()[0][:120]))
+                continue
+            row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, **tiles, ms=ms, TBps=kv_bytes / ms / 1e9, max_err=err,
+                       sdpa_ms=sdpa, sdpa_TBps=kv_bytes / sdpa / 1e9, default=tiles == default)
+            rows.append(row)
+            if best is None or ms < best["ms"]:
+                best = row
+        triton_decode.TILES.update(default)
+        dflt = next(r for r in rows if r.get("default") and (r["B"], r["T"], r["D"], r["H"]) == (B, T, D, H))
+        print(f"B={B} T={T} H={H} Hkv={Hkv} D={D}: default {dflt['TBps']:.2f} TB/s, best {best['TBps']:.2f} TB/s "
+              f"(n={best['block_n']} stages={best['num_stages']} warps={best['num_warps']} "
+              f"p/SM={best['programs_per_sm']}, err {best['max_err']:.1e}), SDPA {best['sdpa_TBps']:.2f} TB/s",
+              flush=True)
+    env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
+    with open(args.out, "w") as f:
+        json.dump(dict(env=env, rows=rows), f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
