@@ -1,5 +1,5 @@
-"""Sweeps the decode kernel's launch (``fox_kernel.ops.triton.decode.TILES``: keys per tile, pipeline
-stages, warps, programs per SM) at the shapes of a model's decoding step, and prints the bandwidth of each
+"""Sweeps the decode kernel's launch (``fox_kernel.ops.triton.decode.TILES`` and ``TILES_ONE_HEAD``, set to
+the same values: keys per tile, pipeline stages, warps, programs per SM) at the shapes of a model's decoding step, and prints the bandwidth of each
 (the cache's K/V bytes over the median time, BENCHMARKS.md) beside SDPA without a gate. Each setting's
 output is checked against the default one's.
 
@@ -28,7 +28,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tune-decode.json")
     args = ap.parse_args()
-    default = dict(triton_decode.TILES)
+    defaults = (dict(triton_decode.TILES), dict(triton_decode.TILES_ONE_HEAD))
+
+    def use(tiles=None):
+        for table, default in zip((triton_decode.TILES, triton_decode.TILES_ONE_HEAD), defaults):
+            table.update(tiles or default)
+
     grid = [dict(block_n=n, num_stages=s, num_warps=w, programs_per_sm=p)
             for n, s, w, p in itertools.product((64, 128), (2, 3, 4), (4, 8), (2, 4, 8))]
     rows = []
@@ -40,14 +45,14 @@ def main() -> None:
         c = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4), dim=1)
         lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
         kv_bytes = 2 * k.numel() * k.element_size()
-        triton_decode.TILES.update(default)
+        use()
         ref = forgetting_attention_with_kvcache(q, k, v, c, lens)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         sdpa = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True),
                                        warmup=25, rep=100, return_mode="median")
         best = None
         for tiles in grid:
-            triton_decode.TILES.update(tiles)
+            use(tiles)
             try:
                 out = forgetting_attention_with_kvcache(q, k, v, c, lens)
                 err = (out.float() - ref.float()).abs().max().item()
@@ -57,11 +62,12 @@ def main() -> None:
                 rows.append(dict(B=B, T=T, H=H, Hkv=Hkv, D=D, **tiles, error=str(e).splitlines()[0][:120]))
                 continue
             row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, **tiles, ms=ms, TBps=kv_bytes / ms / 1e9, max_err=err,
-                       sdpa_ms=sdpa, sdpa_TBps=kv_bytes / sdpa / 1e9, default=tiles == default)
+                       sdpa_ms=sdpa, sdpa_TBps=kv_bytes / sdpa / 1e9,
+                       default=tiles == defaults[1 if Hkv == H and D <= 128 else 0])
             rows.append(row)
             if best is None or ms < best["ms"]:
                 best = row
-        triton_decode.TILES.update(default)
+        use()
         dflt = next(r for r in rows if r.get("default") and (r["B"], r["T"], r["D"], r["H"]) == (B, T, D, H))
         print(f"B={B} T={T} H={H} Hkv={Hkv} D={D}: default {dflt['TBps']:.2f} TB/s, best {best['TBps']:.2f} TB/s "
               f"(n={best['block_n']} stages={best['num_stages']} warps={best['num_warps']} "
