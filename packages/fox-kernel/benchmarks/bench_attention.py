@@ -180,6 +180,7 @@ def bench_decode():
     Contiguous caches, paged caches (shuffled pages of 16 and 256 tokens) and, with fast gates, cache-tile
     pruning at the eps = e^-10 bound (its bandwidth is effective: the whole cache's bytes over the time)."""
     from fox_kernel import forgetting_attention_with_kvcache
+    from fox_kernel.testing import decode_inputs
 
     def timed(fn):
         return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
@@ -187,12 +188,7 @@ def bench_decode():
     rows = []
     for B, T in ((8, 32768), (64, 4096)):
         H, Hkv, D = 32, 8, 128
-        torch.manual_seed(0)
-        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        c = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4), dim=1)
-        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+        q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D)
         kv_bytes = 2 * k.numel() * k.element_size()
         row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, mean_log_f=float(c[:, -1].mean() / T))
         row["ours_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens))

@@ -18,6 +18,7 @@ import triton
 
 from fox_kernel import forgetting_attention_with_kvcache
 from fox_kernel.ops.triton import decode as triton_decode
+from fox_kernel.testing import decode_inputs
 
 # (B, T, H, Hkv, D): the 125M models at batch 32 and 1 (16k and 2k tokens), the 760M model, and a GQA cache
 SHAPES = [(32, 16384, 12, 12, 64), (32, 2048, 12, 12, 64), (1, 16384, 12, 12, 64), (8, 16384, 12, 12, 128),
@@ -38,12 +39,7 @@ def main() -> None:
             for n, s, w, p in itertools.product((64, 128), (2, 3, 4), (4, 8), (2, 4, 8))]
     rows = []
     for B, T, H, Hkv, D in SHAPES:
-        torch.manual_seed(0)
-        q = torch.randn(B, 1, H, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(B, T, Hkv, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        c = torch.cumsum(F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4), dim=1)
-        lens = torch.full((B,), T, dtype=torch.int32, device="cuda")
+        q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D)
         kv_bytes = 2 * k.numel() * k.element_size()
         use()
         ref = forgetting_attention_with_kvcache(q, k, v, c, lens)

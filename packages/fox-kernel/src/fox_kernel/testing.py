@@ -50,6 +50,18 @@ def attention_inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
     return to(q, dtype), to(k, dtype), to(v, dtype), to(log_fgate, torch.float32)
 
 
+def decode_inputs(B, T, H, Hkv, D, device="cuda", dtype=torch.bfloat16, seed=0):
+    """A full cache for decoding benchmarks: q (B, 1, H, D), k, v (B, T, Hkv, D) in ``dtype``, prefix sums c
+    (B, T, H) of gates with mean log f about -0.03 (``speed="bench"``), and cache_seqlens (B,) = T."""
+    torch.manual_seed(seed)
+    q = torch.randn(B, 1, H, D, device=device, dtype=dtype)
+    k = torch.randn(B, T, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    c = torch.cumsum(random_log_fgate((B, T, H), speed="bench", device=device), dim=1)
+    lens = torch.full((B,), T, dtype=torch.int32, device=device)
+    return q, k, v, c, lens
+
+
 def run_interpreted(test_file: str, *, select: str = "not interpreted", timeout: int = 600) -> None:
     """Run the tests of ``test_file`` matching ``-k select`` in a fresh process with TRITON_INTERPRET=1
     (the interpreter must be on before Triton kernels are defined); fail with the run's output unless
