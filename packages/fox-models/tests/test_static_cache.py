@@ -181,3 +181,25 @@ def test_compiled_decoding_step_equals_the_eager_step(family):
         assert cache.compile_config is not None and cache._graph is not None
         torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
         assert torch.equal(tokens, want) and torch.equal(eager, want)
+
+
+def test_generate_chooses_whether_the_static_step_is_compiled(monkeypatch):
+    """transformers' auto-compile switch decides: on a GPU the static cache gets a compile config (the given
+    one, or transformers' default), with disable_compile=True or on the CPU none; the whole forward is never
+    handed to transformers' compiler."""
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import CompileConfig
+
+    model = tiny_model("fox-llama")
+    cache = model.static_cache(8)
+    kwargs = {"past_key_values": cache}
+    assert model._valid_auto_compile_criteria(kwargs, GenerationConfig()) is False
+    assert cache.compile_config is None  # on the CPU
+    monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
+    assert model._valid_auto_compile_criteria(kwargs, GenerationConfig()) is False
+    assert isinstance(cache.compile_config, CompileConfig)
+    mine = CompileConfig(fullgraph=True, backend="eager")
+    model._valid_auto_compile_criteria(kwargs, GenerationConfig(compile_config=mine))
+    assert cache.compile_config is mine
+    model._valid_auto_compile_criteria(kwargs, GenerationConfig(compile_config=mine, disable_compile=True))
+    assert cache.compile_config is None
