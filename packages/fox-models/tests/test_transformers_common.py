@@ -567,7 +567,8 @@ def test_past_key_values_format():
 @pytest.mark.skip(reason="transformers' test builds its own StaticCache of (B, H, T, D) key/value pairs; these "
                   "models' static cache is StaticFoxCache (K, V in the kernel's format plus prefix sums and shift "
                   "states), tested in tests/test_static_cache.py and test_static_cache_is_taken_or_refused_clearly; "
-                  "its decoding is captured as a CUDA graph, not traced by torch.compile")
+                  "on a GPU its decoding step is compiled by the cache and captured as a CUDA graph, not the whole "
+                  "forward compiled by transformers")
 def test_generate_with_static_cache():
     pass
 
