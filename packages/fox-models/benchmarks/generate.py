@@ -185,7 +185,7 @@ def main() -> None:
     for name in names:
         model = builders[name]().to(device=device, dtype=dtype).eval()
         gen_kwargs = {"cache_implementation": "static"} if "static" in name else None
-        if "static" in name and name in FOX_STATIC and "compile" not in name:
+        if name in FOX_STATIC and "compile" not in name:
             gen_kwargs["disable_compile"] = True
         for batch in args.batch:
             for prompt in args.prompt:

@@ -1,6 +1,12 @@
 """fox-layers: the parts of a Forgetting Transformer block as plain nn.Modules with explicit arguments."""
 
-from fox_layers.attention import AttentionState, ForgettingAttentionLayer, bare_linear, decay_time_bias
+from fox_layers.attention import (
+    AttentionState,
+    ForgettingAttentionLayer,
+    bare_linear,
+    bare_module,
+    decay_time_bias,
+)
 from fox_layers.mlp import SwiGLUMLP, intermediate_size_for
 from fox_layers.norms import GroupRMSNorm, RMSNorm, rms_norm
 from fox_layers.rope import apply_rope
@@ -16,6 +22,7 @@ __all__ = [
     "SwiGLUMLP",
     "apply_rope",
     "bare_linear",
+    "bare_module",
     "decay_time_bias",
     "intermediate_size_for",
     "previous_tokens",

@@ -182,13 +182,18 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None) 
     return g.cumsum(1)
 
 
-def bare_linear(module: nn.Module) -> bool:
-    """A plain nn.Linear without hooks, whose weight and bias are its whole function, so its matmul can
-    join the fused input projection. Anything else (a PEFT/LoRA wrapper, a quantised linear, a module with
-    forward hooks, or whose forward was replaced on the instance, as accelerate's offloading does to load
+def bare_module(module: nn.Module, cls: type[nn.Module]) -> bool:
+    """A plain ``cls`` (exactly that class) without hooks, whose parameters are its whole function, so a
+    fused kernel may take them in its place. Anything else (a PEFT/LoRA wrapper, a quantised module, a module
+    with forward hooks, or whose forward was replaced on the instance, as accelerate's offloading does to load
     its weights just in time) is called as a module, so what it adds takes effect."""
-    return (type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+    return (type(module) is cls and not (module._forward_hooks or module._forward_pre_hooks)
             and "forward" not in module.__dict__)
+
+
+def bare_linear(module: nn.Module) -> bool:
+    """``bare_module`` for nn.Linear: its matmul can join the fused input projection."""
+    return bare_module(module, nn.Linear)
 
 
 class ForgettingAttentionLayer(nn.Module):

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.generation.configuration_utils import CompileConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, bare_linear, decay_time_bias
@@ -275,8 +276,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
             if (cache.can_replay(input_ids) and labels is None and inputs_embeds is None and not output_hidden_states
                     and cu_seqlens is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
                 step = self._decode_step if cache.compile_config is None else self._compiled_decode_step(cache.compile_config)
-                logits = cache.decode(functools.partial(step, cache=cache), input_ids,
-                                      warm_steps=1 if cache.compile_config is None else 2)
+                logits = cache.decode(functools.partial(step, cache=cache), input_ids)
                 output = CausalLMOutputWithPast(logits=logits, past_key_values=cache)
                 return output if return_dict is not False else output.to_tuple()
         out = self.model(
@@ -337,9 +337,8 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         ``CompileConfig()``); ``generation_config.disable_compile=True`` keeps it eager."""
         cache = model_kwargs.get("past_key_values")
         if isinstance(cache, StaticFoxCache):
-            compile_ok = not getattr(generation_config, "disable_compile", False) and self.device.type == "cuda"
-            cache.compile_config = ((getattr(generation_config, "compile_config", None) or _default_compile_config())
-                                    if compile_ok else None)
+            compile_ok = not generation_config.disable_compile and self.device.type == "cuda"
+            cache.compile_config = (generation_config.compile_config or CompileConfig()) if compile_ok else None
             return False
         return super()._valid_auto_compile_criteria(model_kwargs, generation_config)
 
@@ -352,12 +351,6 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
             config.qk_norm_share_param_across_head = _qk_norm_is_shared(pretrained_model_name_or_path, config, kwargs)
         kwargs["config"] = config
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-
-
-def _default_compile_config():
-    from transformers.generation.configuration_utils import CompileConfig
-
-    return CompileConfig()
 
 
 def _hub_kwargs(kwargs):

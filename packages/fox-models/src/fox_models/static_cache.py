@@ -176,12 +176,14 @@ class StaticFoxCache(FoxCache):
         return (self.graphs and first.k is not None and first.k.is_cuda and first.length > 0
                 and input_ids is not None and input_ids.dim() == 2 and input_ids.shape[1] == 1)
 
-    def decode(self, step, input_ids: torch.Tensor, warm_steps: int = 1) -> torch.Tensor:
+    def decode(self, step, input_ids: torch.Tensor) -> torch.Tensor:
         """``step(input_ids)`` (the model's logits for one new token per row, appending it to this cache),
-        replayed from a CUDA graph: the first ``warm_steps`` steps of a prompt shape run without capture on
-        a side stream (they compile the kernels, or the whole step under ``torch.compile``, and set up
-        cuBLAS), the next is captured, later ones replay. A compiled step needs two: its second call
-        recompiles with the decoding position as a symbol, and nothing may compile while capturing."""
+        replayed from a CUDA graph: the first steps of a prompt shape run without capture on a side stream
+        (they compile the kernels, or the whole step under ``torch.compile``, and set up cuBLAS), the next
+        is captured, later ones replay. One such step, or two for a compiled step (``compile_config``): its
+        second call recompiles with the decoding position as a symbol, and nothing may compile while
+        capturing."""
+        warm_steps = 1 if self.compile_config is None else 2
         for layer in self.layers:
             if layer.length + 1 > layer.capacity:
                 raise ValueError(f"the static cache holds {layer.capacity} tokens per row and is full "

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from fox_layers import RMSNorm
+from fox_layers import RMSNorm, bare_module
 from fox_layers.kernels.norm_gate import norm_gate
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.delta_net.configuration import DeltaNetConfig
@@ -58,16 +58,16 @@ class DeltaNetAttention(nn.Module):
                           get("S"), l2_normalize_qk=True)
         if state is not None:
             state.tensors.update(S=S, conv_q=cq, conv_k=ck, conv_v=cv)
-        return self.o_proj(self._head_norm(o.reshape(B, T, -1)))
+        return self.o_proj(self._head_norm(o))
 
     def _head_norm(self, o):
-        """``o_norm`` on each head of o (B, T, H * Dv): one fused pass on CUDA (the weight shared by the heads)
-        while o_norm is a plain RMSNorm without hooks; otherwise called as a module."""
+        """``o_norm`` on each head of o (B, T, H, Dv), flattened to (B, T, H * Dv): one fused pass on CUDA
+        (the weight shared by the heads) while o_norm is a plain RMSNorm without hooks; otherwise called as a
+        module."""
         norm = self.o_norm
-        if type(norm) is RMSNorm and norm.weight is not None and not (norm._forward_hooks or norm._forward_pre_hooks) \
-                and "forward" not in norm.__dict__:
-            return norm_gate(o, norm.weight, None, self.num_heads, norm.eps)
-        return norm(o.unflatten(-1, (self.num_heads, -1))).flatten(-2)
+        if bare_module(norm, RMSNorm) and norm.weight is not None:
+            return norm_gate(o.flatten(-2), norm.weight, None, self.num_heads, norm.eps)
+        return norm(o).flatten(-2)
 
 
 class _ConvWeight(nn.Module):
