@@ -9,22 +9,34 @@ import pytest
 import torch
 
 from fox_kernel.testing import run_interpreted
-from fox_layers.kernels.norm_gate import _NormGate, norm_gate_reference
+from fox_layers.kernels.norm_gate import _NormGate, norm_gate, norm_gate_reference
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 CAN_RUN = INTERPRET or torch.cuda.is_available()
 DEVICE = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
 
 
+def _rows_of(shape, layout, dtype, extra=5):
+    """Random data shaped ``shape``: contiguous, or the first columns of a wider buffer (a slice of a fused
+    projection's output, read in place by the kernels)."""
+    if layout == "contiguous":
+        return torch.randn(*shape, device=DEVICE, dtype=dtype)
+    return torch.randn(*shape[:-1], shape[-1] + extra, device=DEVICE, dtype=dtype)[..., extra:]
+
+
 @pytest.mark.skipif(not CAN_RUN, reason="needs a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("groups", [(4, 24), (1, 72)])
+@pytest.mark.parametrize("layout", ["contiguous", "slice"])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("act", ["sigmoid", "silu", None])
 @pytest.mark.parametrize("dtype", [torch.float32] + ([] if INTERPRET else [torch.bfloat16]))
-def test_norm_gate_matches_twin(shared, act, dtype):
+def test_norm_gate_matches_twin(groups, layout, shared, act, dtype):
+    """Forward and gradients against the float64 twin; more rows than one tile holds, rows read in place or
+    contiguous; the no-grad path (no autograd.Function) gives the same output."""
     torch.manual_seed(0)
-    G, Dg = 4, 24
-    x = torch.randn(3, 7, G * Dg, device=DEVICE, dtype=dtype, requires_grad=True)
-    gate = torch.randn(3, 7, G * Dg, device=DEVICE, dtype=dtype, requires_grad=True) if act else None
+    G, Dg = groups
+    x = _rows_of((3, 29, G * Dg), layout, dtype).requires_grad_()
+    gate = _rows_of((3, 29, G * Dg), layout, dtype).requires_grad_() if act else None
     w = (1 + 0.3 * torch.randn(Dg if shared else G * Dg, device=DEVICE)).requires_grad_()
     y = _NormGate.apply(x, w, gate, G, 1e-6, act or "sigmoid")
     leaves = [x, w] + ([gate] if act else [])
@@ -32,6 +44,8 @@ def test_norm_gate_matches_twin(shared, act, dtype):
     ref = norm_gate_reference(ref_leaves[0], ref_leaves[1], ref_leaves[2] if act else None, G, 1e-6, act or "sigmoid")
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol)
+    with torch.no_grad():
+        torch.testing.assert_close(norm_gate(x, w, gate, G, 1e-6, act or "sigmoid"), y, rtol=0, atol=0)
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
     ref_grads = torch.autograd.grad(ref, ref_leaves, dy.double())
@@ -47,15 +61,21 @@ def test_interpreted_kernels():
 
 
 @pytest.mark.skipif(not CAN_RUN, reason="needs a GPU or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("case", ["plain", "state", "seq_start", "seq_start_past", "varlen"])
+@pytest.mark.parametrize("case", ["plain", "state", "seq_start", "seq_start_past", "varlen", "slice"])
 def test_shift_matches_twin(case):
+    """Forward and gradients against the float64 twin; "slice": cur and s are slices of one wider buffer (a
+    fused projection's output), read in place; the no-grad path gives the same output."""
     from fox_layers.kernels.shift import shift_mix
     from fox_layers.shift import previous_tokens
 
     torch.manual_seed(1)
     B, T, H, D = (1, 20, 3, 16) if case == "varlen" else (3, 11, 3, 16)
-    cur = torch.randn(B, T, H * D, device=DEVICE, requires_grad=True)
-    s = torch.randn(B, T, H, device=DEVICE, requires_grad=True)
+    if case == "slice":
+        both = torch.randn(B, T, H * D + H + 3, device=DEVICE)
+        cur, s = both[..., : H * D].requires_grad_(), both[..., H * D : H * D + H].requires_grad_()
+    else:
+        cur = torch.randn(B, T, H * D, device=DEVICE, requires_grad=True)
+        s = torch.randn(B, T, H, device=DEVICE, requires_grad=True)
     state = torch.randn(B, H * D, device=DEVICE, requires_grad=True) if case in ("state", "seq_start_past") else None
     seq_start = torch.tensor([0, 4, 11], device=DEVICE) if case.startswith("seq_start") else None
     past = 5 if case == "seq_start_past" else 0
@@ -63,6 +83,8 @@ def test_shift_matches_twin(case):
         seq_start = torch.tensor([0, 6, 16], device=DEVICE)
     cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32, device=DEVICE) if case == "varlen" else None
     out = shift_mix(cur, s, state, seq_start, cu, past)
+    with torch.no_grad():
+        torch.testing.assert_close(shift_mix(cur, s, state, seq_start, cu, past), out, rtol=0, atol=0)
     leaves = [cur, s] + ([state] if state is not None else [])
     ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
     rc, rs = ref_leaves[0], ref_leaves[1]
@@ -74,3 +96,26 @@ def test_shift_matches_twin(case):
     dy = torch.randn_like(out)
     for g, r in zip(torch.autograd.grad(out, leaves, dy), torch.autograd.grad(ref, ref_leaves, dy.double())):
         torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not CAN_RUN, reason="needs a GPU or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("layout", ["contiguous", "slice"])
+@pytest.mark.parametrize("dtype", [torch.float32] + ([] if INTERPRET else [torch.bfloat16]))
+def test_swiglu_matches_twin(layout, dtype):
+    """silu(gate) * up and the gradient of the whole (gate, up) input against the float64 twin; more rows and
+    columns than one tile holds; the no-grad path gives the same output."""
+    from fox_layers.kernels.swiglu import swiglu, swiglu_reference
+
+    torch.manual_seed(2)
+    h = (3 * _rows_of((2, 19, 2 * 300), layout, dtype)).requires_grad_()
+    y = swiglu(h)
+    ref_h = h.detach().double().requires_grad_()
+    ref = swiglu_reference(ref_h)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.double(), ref, rtol=tol, atol=tol)
+    with torch.no_grad():
+        torch.testing.assert_close(swiglu(h), y, rtol=0, atol=0)
+    dy = torch.randn_like(y)
+    (g,) = torch.autograd.grad(y, h, dy)
+    (r,) = torch.autograd.grad(ref, ref_h, dy.double())
+    torch.testing.assert_close(g.double(), r, rtol=tol * 5, atol=tol * 5)

@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache, pruning
 from fox_kernel.ops import checks
+from fox_layers.kernels import owned
 from fox_layers.norms import GroupRMSNorm
 from fox_layers.rope import apply_rope
 from fox_layers.shift import ShiftLinear
@@ -97,17 +98,17 @@ class AttentionState:
         """Add a chunk: k, v (B, Tn, Hkv, D) as attended, log_fgate (B, Tn, H) float32, and the chunk's
         un-mixed projections (B, Tn, Hkv * D) of a shifted k / v (None without a shift)."""
         self.k, self.v, self.c = append_to_cache(self.k, self.v, self.c, k, v, log_fgate, self.held_seq_start)
-        self.k, self.v = _own(self.k), _own(self.v)
+        self.k, self.v = owned(self.k), owned(self.v)
         for name, unmixed in (("k", k_unmixed), ("v", v_unmixed)):
             if unmixed is None:
                 continue
             last = unmixed[:, -1]  # a decoding step's (B, 1, N) buffer is small: kept as a view, no copy
-            setattr(self, f"{name}_shift", _own(last) if unmixed.shape[1] > 1 else last)
+            setattr(self, f"{name}_shift", owned(last) if unmixed.shape[1] > 1 else last)
             old = getattr(self, f"{name}_history")
             if not self.record_past:  # a history that stops growing could never be used: free it
                 setattr(self, f"{name}_history", None)
             elif old is None:  # recording from the first chunk on, else the history would not cover the cache
-                setattr(self, f"{name}_history", _own(unmixed) if self.held == unmixed.shape[1] else None)
+                setattr(self, f"{name}_history", owned(unmixed) if self.held == unmixed.shape[1] else None)
             else:
                 setattr(self, f"{name}_history", torch.cat([old, unmixed], dim=1))
 
@@ -161,16 +162,6 @@ class AttentionState:
     def repeat_interleave(self, repeats: int) -> None:
         """Repeat every batch row ``repeats`` times (row b becomes rows b * repeats ... b * repeats + repeats - 1)."""
         self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-
-def _own(t: torch.Tensor) -> torch.Tensor:
-    """t, copied if it is a view into a larger buffer. The projections are slices of one fused matmul's
-    output: a cache that kept such a view (the prefill's K, V or last-token shift state) would keep the
-    whole (B, T, q + k + v + gates) output of the prompt alive for every layer. A Python-level check on
-    the tensor's metadata only (no device sync)."""
-    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
-        return t.clone(memory_format=torch.contiguous_format)
-    return t
 
 
 def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None = None) -> torch.Tensor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -24,5 +23,6 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(self.intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        from fox_layers.kernels.swiglu import swiglu
+
+        return self.down_proj(swiglu(self.gate_proj(x)))

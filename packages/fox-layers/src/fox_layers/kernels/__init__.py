@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from fox_kernel.ops.dispatch import runs_triton
@@ -14,3 +16,25 @@ def use_triton(x: torch.Tensor) -> bool:
     if torch.compiler.is_compiling():
         return False
     return runs_triton(x)
+
+
+def owned(t: torch.Tensor) -> torch.Tensor:
+    """t, copied if it is a view into a larger buffer (a Python-level check of its metadata, no device sync).
+    A kept slice of a fused matmul's output would keep the whole output alive."""
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def row_view(t: torch.Tensor, own: bool = False) -> torch.Tensor:
+    """t (..., C) as rows (N, C) with unit column stride, the kernels' layout: a view where t's layout allows
+    (a slice of the last axis of a contiguous tensor has it), else a contiguous copy. ``own``: also copy a
+    view into a larger buffer (``owned``), for a tensor that is kept."""
+    C = t.shape[-1]
+    rows = None
+    if t.stride(-1) == 1 or C == 1:
+        with contextlib.suppress(RuntimeError):  # leading axes that do not merge into one stride
+            rows = t.view(-1, C)
+    if rows is None:
+        return t.reshape(-1, C).contiguous()
+    return owned(rows) if own else rows
