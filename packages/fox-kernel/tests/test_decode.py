@@ -148,6 +148,29 @@ def test_paged_cache_errors_name_the_argument():
                               torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 1, 16), torch.zeros(2, 7, 2))
 
 
+def test_fill_empty_cache_writes_what_the_paged_append_writes():
+    """The prefill form (slice copies into empty rows) leaves the cache exactly as the general scattered
+    append does, left padding included, and refuses a prefill longer than the cache."""
+    from fox_kernel import append_to_paged_cache, fill_empty_cache
+
+    torch.manual_seed(3)
+    B, Tn, cap, Hkv, H, D = 3, 13, 17, 2, 4, 8
+    k, v = torch.randn(B, Tn, Hkv, D), torch.randn(B, Tn, Hkv, D)
+    lf = torch.nn.functional.logsigmoid(torch.randn(B, Tn, H))
+    seq_start = torch.tensor([0, 5, 12], dtype=torch.int32)
+    caches = [(torch.randn(B, cap, Hkv, D), torch.randn(B, cap, Hkv, D), torch.randn(B, cap, H)) for _ in range(2)]
+    for a, b in zip(*caches):
+        b.copy_(a)
+    lens = fill_empty_cache(*caches[0], k, v, lf, seq_start)
+    rows = torch.arange(B, dtype=torch.int32)[:, None]
+    ref_lens = append_to_paged_cache(*caches[1], rows, torch.zeros(B, dtype=torch.int32), k, v, lf, seq_start)
+    assert lens.tolist() == ref_lens.tolist() == [Tn] * B
+    for a, b in zip(*caches):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="holds 17 tokens per row; 18 new"):
+        fill_empty_cache(*caches[0], torch.randn(B, 18, Hkv, D), torch.randn(B, 18, Hkv, D), torch.zeros(B, 18, H))
+
+
 @pytest.mark.parametrize("device_dtype", DEVICES)
 def test_decode_pruning_of_cache_tiles(device_dtype):
     """Fast gates and a long cache: skipping decayed tiles stays within the weight bound; a loose threshold

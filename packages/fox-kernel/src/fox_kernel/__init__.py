@@ -6,7 +6,12 @@ steers the GPU kernels (default: the ``FOX_KERNEL_*`` environment variables); ``
 holds the bound of adaptive computation pruning.
 """
 
-from fox_kernel.decode import append_to_cache, append_to_paged_cache, forgetting_attention_with_kvcache
+from fox_kernel.decode import (
+    append_to_cache,
+    append_to_paged_cache,
+    fill_empty_cache,
+    forgetting_attention_with_kvcache,
+)
 from fox_kernel.ops import forgetting_attention
 from fox_kernel.options import KernelOptions, current_options, kernel_options
 from fox_kernel.pruning import AutoThreshold, pruning_threshold
@@ -18,6 +23,7 @@ __all__ = [
     "append_to_cache",
     "append_to_paged_cache",
     "current_options",
+    "fill_empty_cache",
     "forgetting_attention",
     "forgetting_attention_with_kvcache",
     "kernel_options",

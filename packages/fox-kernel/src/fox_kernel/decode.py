@@ -113,6 +113,29 @@ def append_to_paged_cache(
     return (cache_seqlens + Tn).to(torch.int32)
 
 
+def fill_empty_cache(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    c_cache: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    log_fgate_new: torch.Tensor,
+    seq_start: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``append_to_paged_cache`` for a contiguous cache (B, capacity, ...) whose rows are all empty: the new
+    tokens go to positions 0 .. Tn - 1 of every row, written as slices. The scattered writes of the general
+    form ran at a fraction of the memory bandwidth (56 ms of a 1 s prefill of 32 x 16k tokens into a
+    12-layer cache, H100). Returns the new ``cache_seqlens`` (B,) int32, all Tn."""
+    B, Tn = k_new.shape[:2]
+    if Tn > k_cache.shape[1]:
+        raise ValueError(f"the cache holds {k_cache.shape[1]} tokens per row; {Tn} new do not fit")
+    pos = torch.arange(Tn, device=k_new.device)[None, :]
+    k_cache[:, :Tn].copy_(k_new)
+    v_cache[:, :Tn].copy_(v_new)
+    c_cache[:, :Tn].copy_(_continued_prefix_sums(log_fgate_new, pos, seq_start, None))
+    return torch.full((B,), Tn, dtype=torch.int32, device=k_new.device)
+
+
 def _decode_threshold(adaptive_threshold, B, H, device):
     if adaptive_threshold is None:
         return None

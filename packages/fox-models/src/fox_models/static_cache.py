@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from fox_kernel import append_to_paged_cache
+from fox_kernel import append_to_paged_cache, fill_empty_cache
 from fox_models.cache import FoxCache, FoxCacheLayer
 
 
@@ -98,8 +98,11 @@ class StaticFoxCacheLayer(FoxCacheLayer):
             self._prefill_length = Tn
         elif k.shape[0] != self.k.shape[0]:
             raise ValueError(f"a static cache keeps its batch size {self.k.shape[0]}, got {k.shape[0]} rows")
-        lengths = append_to_paged_cache(self.k, self.v, self.c, self._rows, self.cache_seqlens, k, v, log_fgate,
-                                        self._seq_start)
+        if self._length == 0:  # a prefill: every row starts at position 0
+            lengths = fill_empty_cache(self.k, self.v, self.c, k, v, log_fgate, self._seq_start)
+        else:
+            lengths = append_to_paged_cache(self.k, self.v, self.c, self._rows, self.cache_seqlens, k, v, log_fgate,
+                                            self._seq_start)
         self.cache_seqlens.copy_(lengths)
         for shift, unmixed in ((self.k_shift, k_unmixed), (self.v_shift, v_unmixed)):
             if unmixed is not None:
