@@ -169,6 +169,10 @@ def test_fill_empty_cache_writes_what_the_paged_append_writes():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     with pytest.raises(ValueError, match="holds 17 tokens per row; 18 new"):
         fill_empty_cache(*caches[0], torch.randn(B, 18, Hkv, D), torch.randn(B, 18, Hkv, D), torch.zeros(B, 18, H))
+    with pytest.raises(ValueError, match=r"k_new must be shaped like its cache with 13 positions, \(3, 13, 2, 8\), got \(1, 13, 2, 8\)"):
+        fill_empty_cache(*caches[0], k[:1], v, lf)  # a batch of 1 is not broadcast over the cache's rows
+    with pytest.raises(ValueError, match=r"log_fgate_new must be shaped .* got \(3, 12, 4\)"):
+        fill_empty_cache(*caches[0], k, v, lf[:, :12])
 
 
 @pytest.mark.parametrize("device_dtype", DEVICES)

@@ -53,6 +53,14 @@ def test_norm_gate_matches_twin(groups, layout, shared, act, dtype):
         torch.testing.assert_close(a.double(), b, rtol=tol * 5, atol=tol * 5)
 
 
+def test_norm_gate_refuses_mismatched_weight_and_gate():
+    x = torch.randn(2, 5, 12)
+    with pytest.raises(ValueError, match=r"weight must have 12 or 4 elements .* got 5"):
+        norm_gate(x, torch.ones(5), None, 3, 1e-6)
+    with pytest.raises(ValueError, match=r"gate must be shaped like x \(2, 5, 12\), got \(1, 5, 12\)"):
+        norm_gate(x, torch.ones(12), torch.randn(1, 5, 12), 3, 1e-6)
+
+
 @pytest.mark.interpret
 def test_interpreted_kernels():
     if INTERPRET:

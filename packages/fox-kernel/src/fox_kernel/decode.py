@@ -127,6 +127,10 @@ def fill_empty_cache(
     form ran at a fraction of the memory bandwidth (56 ms of a 1 s prefill of 32 x 16k tokens into a
     12-layer cache, H100). Returns the new ``cache_seqlens`` (B,) int32, all Tn."""
     B, Tn = k_new.shape[:2]
+    for name, x, cache in (("k_new", k_new, k_cache), ("v_new", v_new, v_cache), ("log_fgate_new", log_fgate_new, c_cache)):
+        if x.dim() != cache.dim() or x.shape[0] != cache.shape[0] or x.shape[1] != Tn or x.shape[2:] != cache.shape[2:]:
+            raise ValueError(f"{name} must be shaped like its cache with {Tn} positions, "
+                             f"{(cache.shape[0], Tn, *cache.shape[2:])}, got {tuple(x.shape)}")
     if Tn > k_cache.shape[1]:
         raise ValueError(f"the cache holds {k_cache.shape[1]} tokens per row; {Tn} new do not fit")
     pos = torch.arange(Tn, device=k_new.device)[None, :]

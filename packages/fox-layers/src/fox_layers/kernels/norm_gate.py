@@ -149,6 +149,12 @@ class _NormGate(torch.autograd.Function):
 
 def norm_gate(x, weight, gate, num_groups: int, eps: float, act: str = "sigmoid"):
     """Fused on CUDA (and in the Triton interpreter), the PyTorch twin elsewhere."""
+    C = x.shape[-1]
+    if C % num_groups or weight.numel() not in (C // num_groups, C):
+        raise ValueError(f"weight must have {C} or {C // num_groups} elements for x (..., {C}) in {num_groups} groups, "
+                         f"got {weight.numel()}")
+    if gate is not None and gate.shape != x.shape:
+        raise ValueError(f"gate must be shaped like x {tuple(x.shape)}, got {tuple(gate.shape)}")
     if use_triton(x) and x.shape[-1] // num_groups <= 4096:
         if not torch.is_grad_enabled() or not (x.requires_grad or weight.requires_grad
                                                or (gate is not None and gate.requires_grad)):
