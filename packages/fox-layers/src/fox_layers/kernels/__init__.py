@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import triton
 
 from fox_kernel.ops.dispatch import runs_triton
 
@@ -38,3 +39,16 @@ def row_view(t: torch.Tensor, own: bool = False) -> torch.Tensor:
     if rows is None:
         return t.reshape(-1, C).contiguous()
     return owned(rows) if own else rows
+
+
+def needs_autograd(*tensors: torch.Tensor | None) -> bool:
+    """Whether a call must go through its autograd.Function: grad mode is on and an input requires grad.
+    Otherwise (a prefill under no_grad) the kernels are launched directly."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def row_tiles(width: int) -> tuple[int, int]:
+    """(rows, columns) of a row-wise kernel's tile for rows ``width`` wide: the columns the next power of 2
+    (at least 16), as many rows as make about 4k elements (at most 64)."""
+    block_d = max(16, triton.next_power_of_2(width))
+    return max(1, min(64, 4096 // block_d)), block_d

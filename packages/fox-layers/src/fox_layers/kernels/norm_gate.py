@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_layers.kernels import row_view, use_triton
+from fox_layers.kernels import needs_autograd, row_tiles, row_view, use_triton
 
 
 @triton.jit
@@ -92,8 +92,7 @@ def norm_gate_reference(x, weight, gate, num_groups: int, eps: float, act: str =
 
 def _launch(Dg: int) -> dict:
     """Tile and warps: about 4k elements per program."""
-    block_d = max(16, triton.next_power_of_2(Dg))
-    block_n = max(1, min(64, 4096 // block_d))
+    block_n, block_d = row_tiles(Dg)
     return dict(BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4 if block_n * block_d <= 4096 else 8)
 
 
@@ -156,10 +155,8 @@ def norm_gate(x, weight, gate, num_groups: int, eps: float, act: str = "sigmoid"
     if gate is not None and gate.shape != x.shape:
         raise ValueError(f"gate must be shaped like x {tuple(x.shape)}, got {tuple(gate.shape)}")
     if use_triton(x) and x.shape[-1] // num_groups <= 4096:
-        if not torch.is_grad_enabled() or not (x.requires_grad or weight.requires_grad
-                                               or (gate is not None and gate.requires_grad)):
-            x2 = row_view(x)
-            y, _ = _forward(x2, weight, row_view(gate) if gate is not None else None, num_groups, eps, act)
-            return y.view(x.shape)
-        return _NormGate.apply(x, weight, gate, num_groups, eps, act)
+        if needs_autograd(x, weight, gate):
+            return _NormGate.apply(x, weight, gate, num_groups, eps, act)
+        y, _ = _forward(row_view(x), weight, row_view(gate) if gate is not None else None, num_groups, eps, act)
+        return y.view(x.shape)
     return norm_gate_reference(x, weight, gate, num_groups, eps, act)

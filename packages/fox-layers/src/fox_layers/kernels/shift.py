@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_layers.kernels import row_view
+from fox_layers.kernels import needs_autograd, row_tiles, row_view
 
 
 @triton.jit
@@ -70,8 +70,8 @@ def _shift_bwd(CUR, S, KIND, STATE, DOUT, DCUR, DS, DSTATE, R, T, C, HS, HD, str
 
 
 def _launch(C: int, HS: int) -> dict:
-    block_d = max(16, triton.next_power_of_2(C // HS))
-    return dict(BLOCK_R=max(1, min(64, 4096 // block_d)), BLOCK_D=block_d)
+    block_r, block_d = row_tiles(C // HS)
+    return dict(BLOCK_R=block_r, BLOCK_D=block_d)
 
 
 def _forward(cur, s, kind, state, B, T, C):
@@ -87,21 +87,20 @@ def _forward(cur, s, kind, state, B, T, C):
 
 class _ShiftMix(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cur, s, kind, state):
+    def forward(ctx, cur, s, kind, st):
         B, T, C = cur.shape
         # slices of a fused projection are read in place and kept as copies (see norm_gate)
         keep = any(ctx.needs_input_grad)
         cur_r, s_r = row_view(cur, own=keep), row_view(s, own=keep)
-        st = state.contiguous() if state is not None else cur.new_zeros(B, C)
         out = _forward(cur_r, s_r, kind, st, B, T, C)
         ctx.save_for_backward(cur_r, s_r, kind, st)
-        ctx.meta = (B, T, state is not None, s.dtype)
+        ctx.meta = (B, T, s.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         cur, s, kind, st = ctx.saved_tensors
-        B, T, has_state, s_dtype = ctx.meta
+        B, T, s_dtype = ctx.meta
         C = cur.shape[-1]
         HS = s.shape[-1]
         dout = row_view(dout)
@@ -113,7 +112,7 @@ class _ShiftMix(torch.autograd.Function):
             _shift_bwd[(triton.cdiv(B * T, meta["BLOCK_R"]), HS)](
                 cur, s, kind, st, dout, dcur, ds, dstate, B * T, T, C, HS, C // HS, cur.stride(0), s.stride(0),
                 dout.stride(0), **meta)
-        return dcur, ds.to(s_dtype), None, dstate.to(st.dtype) if has_state else None
+        return dcur, ds.to(s_dtype), None, dstate.to(st.dtype) if ctx.needs_input_grad[3] else None
 
 
 def prev_kind(B: int, T: int, device, state, seq_start, cu_seqlens, past: int) -> torch.Tensor:
@@ -135,7 +134,7 @@ def shift_mix(cur, s, state, seq_start, cu_seqlens, past: int):
     """cur (B, T, C), s (B, T, H) shift logits, state (B, C) or None -> (B, T, C)."""
     B, T, _ = cur.shape
     kind = prev_kind(B, T, cur.device, state, seq_start, cu_seqlens, past)
-    if torch.is_grad_enabled() and (cur.requires_grad or s.requires_grad or (state is not None and state.requires_grad)):
-        return _ShiftMix.apply(cur, s, kind, state)
-    st = state.contiguous() if state is not None else cur.new_zeros(B, cur.shape[-1])
+    st = state.contiguous() if state is not None else cur.new_zeros(B, cur.shape[-1])  # read where kind is 2
+    if needs_autograd(cur, s, state):
+        return _ShiftMix.apply(cur, s, kind, st)
     return _forward(row_view(cur), row_view(s), kind, st, B, T, cur.shape[-1])

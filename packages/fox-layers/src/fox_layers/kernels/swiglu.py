@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fox_layers.kernels import row_view, use_triton
+from fox_layers.kernels import needs_autograd, row_view, use_triton
 
 
 @triton.jit
@@ -90,6 +90,6 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     mode, the PyTorch twin elsewhere."""
     if not use_triton(h) or h.shape[-1] % 2:
         return swiglu_reference(h)
-    if torch.is_grad_enabled() and h.requires_grad:
+    if needs_autograd(h):
         return _SwiGLU.apply(h)
     return _forward(row_view(h)).view(*h.shape[:-1], h.shape[-1] // 2)
