@@ -1,11 +1,10 @@
 """Gates of exactly 0 (log -inf) and NaN gates, against the float64 reference.
 
 A gate of 0 at position z hides the keys before z from the queries at and after z; the rest stays
-finite. The reference and the PyTorch (CPU) path handle it exactly; the Triton kernels, which measure
-``c`` from tile anchors in float32, refuse it where checking is free (the interpreter's CPU tensors), and
-with ``KernelOptions(check_gates=True)`` (which also reads CUDA gates) send such calls to the PyTorch path.
-A NaN gate makes the rows that depend on it NaN, never zeros. test_interpreted.py runs this file
-again with TRITON_INTERPRET=1.
+finite. Every path handles it exactly: the reference and the PyTorch (CPU) path mask across it, the GPU
+kernels re-run the tiles it touches (``ops/zero_gates.py``). A NaN gate makes the rows that depend on it
+NaN, never zeros. test_interpreted.py runs this file again with TRITON_INTERPRET=1, where the Triton
+kernels run on the CPU.
 """
 
 import os
@@ -24,11 +23,11 @@ from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-CHECK_GATES = KernelOptions(check_gates=True)
 
 
 def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
-    """Random float32 inputs with ``zeros`` gates of exactly 0 per (row, head) at random positions."""
+    """Random float32 inputs with ``zeros`` gates of exactly 0 per (row, head) at random positions (drawn
+    on the CPU: a case gets the same values on any device)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Tq, H, D, generator=g)
     k = torch.randn(B, Tk, Hkv, D, generator=g)
@@ -76,39 +75,45 @@ def test_reference_zero_gate_restarts_the_sequence():
 
 @pytest.mark.parametrize("B, Tq, Tk, H, Hkv, D", [(2, 37, 37, 3, 3, 24), (1, 1, 9, 2, 1, 16), (2, 20, 53, 4, 2, 40),
                                                  (3, 130, 130, 2, 1, 8)])
-def test_zero_gates_are_exact_on_the_pytorch_path(B, Tq, Tk, H, Hkv, D):
-    """Odd lengths, short queries, GQA; gates of 0 at random places (the first and last included). In the
-    interpreter ``check_gates`` sends the call from the Triton kernels to the PyTorch path."""
+@pytest.mark.parametrize("torch_path", [False, True], ids=["default", "torch-path"])
+def test_zero_gates_are_exact(B, Tq, Tk, H, Hkv, D, torch_path):
+    """Odd lengths, short queries, GQA; gates of 0 at random places (the first and last included), with
+    no option: in the interpreter through the Triton kernels, on the CPU through the PyTorch path."""
     q, k, v, lf = _inputs(B, Tq, Tk, H, Hkv, D)
     lf[0, 0, 0] = lf[-1, -1, -1] = float("-inf")
-    _grads_against_reference(q, k, v, lf, options=CHECK_GATES)
+    _grads_against_reference(q, k, v, lf, options=KernelOptions(torch_path=torch_path))
 
 
-def test_zero_gates_with_padding_packing_and_pruning():
+def test_zero_gates_with_padding_packing_windows_and_pruning():
     q, k, v, lf = _inputs(3, 45, 45, 2, 2, 16, seed=2)
     lf[1, :10] = float("-inf")  # in the padding: counts for nothing
-    _grads_against_reference(q, k, v, lf, options=CHECK_GATES, seq_start=torch.tensor([0, 10, 30]))
+    lf[2, 30] = float("-inf")  # on a row's first real token: hides only padding
+    _grads_against_reference(q, k, v, lf, seq_start=torch.tensor([0, 10, 30]))
     q, k, v, lf = _inputs(1, 60, 60, 2, 1, 16, seed=3)
-    _grads_against_reference(q, k, v, lf, options=CHECK_GATES,
-                             cu_seqlens=torch.tensor([0, 7, 33, 60], dtype=torch.int32))
+    lf[0, 7] = lf[0, 33] = float("-inf")  # on sequences' first tokens of a packed row
+    _grads_against_reference(q, k, v, lf, cu_seqlens=torch.tensor([0, 7, 33, 60], dtype=torch.int32))
+    _grads_against_reference(q, k, v, lf, window_size=11)
     with torch.no_grad():
-        pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=-30.0, options=CHECK_GATES)
+        pruned = forgetting_attention(q, k, v, lf, adaptive_threshold=-30.0)
+        auto = forgetting_attention(q, k, v, lf, adaptive_threshold="auto")
     want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
     assert (pruned.double() - want).abs().max() < 1e-5  # only weights under e^-30 were dropped
+    assert (auto.double() - want).abs().max() < 1e-3
 
 
-def test_zero_gates_are_refused_by_the_triton_kernels():
-    if not INTERPRET:
-        pytest.skip("the Triton kernels on CPU tensors run in the interpreter")
-    q, k, v, lf = _inputs(2, 20, 20, 2, 2, 16)
-    with pytest.raises(ValueError, match=r"log_fgate must not hold -inf .* got -inf at \(b, t, h\) = \(0, "):
-        forgetting_attention(q, k, v, lf)
-    lf = random_log_fgate((2, 20, 2))
-    lf[1, :5] = float("-inf")  # padding only: fine
-    seq_start = torch.tensor([0, 5])
-    out = forgetting_attention(q, k, v, lf, seq_start=seq_start)
-    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double(), seq_start=seq_start)
-    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-4)
+def test_zero_gates_in_every_tile_and_documents_packed_by_them():
+    """Gates of 0 at every 5th position (several per tile, on tile edges too), and a packed row whose
+    documents are separated only by gates of 0: each document's output equals it run alone."""
+    q, k, v, lf = _inputs(1, 70, 70, 2, 1, 16, seed=6, zeros=0)
+    lf[:, ::5] = float("-inf")
+    _grads_against_reference(q, k, v, lf)
+    starts = [0, 13, 29, 64]
+    marked = lf.clone()
+    marked[:, starts[1:]] = float("-inf")
+    out = forgetting_attention(q, k, v, marked)
+    for s, e in zip(starts, starts[1:] + [70]):
+        alone = forgetting_attention(q[:, s:e], k[:, s:e], v[:, s:e], lf[:, s:e])
+        torch.testing.assert_close(out[:, s:e], alone, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fn", ["reference", "forgetting_attention"])
@@ -166,25 +171,83 @@ def test_decode_nan_prefix_sums_give_nan_rows_and_zero_gates_are_refused():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_cuda_rows_after_a_zero_or_nan_gate_are_nan_never_finite_and_wrong(dtype):
-    """On CUDA a gate of 0 is not checked (that would wait for the GPU): the rows it changes must come out
-    NaN, never finite and wrong; the other rows match the reference. NaN gates and NaN prefix sums in the
-    decode cache likewise."""
+def test_cuda_rows_after_a_nan_gate_are_nan_never_finite_and_wrong(dtype):
+    """On CUDA a NaN gate makes the rows it changes NaN; the other rows match the reference. NaN prefix sums
+    in the decode cache likewise."""
     q, k, v, lf = _inputs(2, 300, 300, 2, 1, 64, zeros=0)
     z = 137
-    for bad in (float("-inf"), float("nan")):
-        gates = lf.clone()
-        gates[0, z, 1] = bad
-        out = forgetting_attention(*(x.cuda().to(dtype) for x in (q, k, v)), gates.cuda()).cpu()
-        assert out[0, z:, 1].isnan().all(), bad
-        keep = torch.ones_like(out, dtype=torch.bool)
-        keep[0, z:, 1] = False
-        want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
-        torch.testing.assert_close(out.double()[keep], want[keep], rtol=3e-2, atol=3e-2)
+    gates = lf.clone()
+    gates[0, z, 1] = float("nan")
+    out = forgetting_attention(*(x.cuda().to(dtype) for x in (q, k, v)), gates.cuda()).cpu()
+    assert out[0, z:, 1].isnan().all()
+    keep = torch.ones_like(out, dtype=torch.bool)
+    keep[0, z:, 1] = False
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    torch.testing.assert_close(out.double()[keep], want[keep], rtol=3e-2, atol=3e-2)
     _, _, c = append_to_cache(None, None, None, k, v, lf)
     c[1, 10:, 0] = float("nan")
     out = forgetting_attention_with_kvcache(*(x.cuda().to(dtype) for x in (q[:, -2:], k, v)), c.cuda()).cpu()
     assert out[1, :, 0].isnan().all() and torch.isfinite(out[0]).all()
+
+
+def _cuda_grads_against_reference(q, k, v, lf, dtype, options=None, **kw):
+    """As ``_grads_against_reference`` with the call on CUDA in ``dtype`` (the references take the same
+    rounded inputs; a 16-bit call is held to the 16-bit reference's own error)."""
+    ins = [x.cuda().to(dtype).requires_grad_() for x in (q, k, v)] + [lf.cuda().requires_grad_()]
+    kw_cuda = {n: (x.cuda() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    out = forgetting_attention(*ins, options=options, **kw_cuda)
+    exact_in = [x.detach().double().requires_grad_() for x in ins]
+    same_in = [x.detach().clone().requires_grad_() for x in ins]
+    exact = forgetting_attention_ref(*exact_in, **kw_cuda)
+    same = forgetting_attention_ref(*same_in, **kw_cuda)
+    assert torch.isfinite(exact).all()
+    assert_close_to_reference(out, exact, same, name="out")
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).cuda().to(dtype)
+    for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), torch.autograd.grad(out, ins, do),
+                             torch.autograd.grad(exact, exact_in, do.double()), torch.autograd.grad(same, same_in, do)):
+        assert_close_to_reference(a, e, s, name=name, factor=3.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("options", [KernelOptions(), KernelOptions(gluon=False), KernelOptions(backward="fused"),
+                                     KernelOptions(fixed_bound=False)], ids=["default", "triton", "fused", "online"])
+def test_cuda_zero_gates_are_exact_on_every_backend(dtype, D, options):
+    """Gates of 0 at random places and on a tile's first and last rows, with no option to read them: the
+    Gluon kernels (Hopper, 16-bit), the Triton ones, the one-pass backward and the online forward all give
+    the reference's output and gradients."""
+    q, k, v, lf = _inputs(2, 300, 300, 4, 2, D, seed=4)
+    lf[0, 128, 1] = lf[1, 255, 3] = lf[1, 0, 0] = float("-inf")
+    _cuda_grads_against_reference(q, k, v, lf, dtype, options)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_zero_gates_with_padding_packing_windows_and_pruning(dtype):
+    q, k, v, lf = _inputs(3, 200, 200, 2, 1, 64, seed=5)
+    lf[1, :40] = float("-inf")
+    _cuda_grads_against_reference(q, k, v, lf, dtype, seq_start=torch.tensor([0, 40, 170]))
+    _cuda_grads_against_reference(q, k, v, lf, dtype, window_size=70)
+    q, k, v, lf = _inputs(1, 400, 400, 2, 2, 64, seed=6)
+    lf[0, [70, 150, 151, 333]] = float("-inf")
+    _cuda_grads_against_reference(q, k, v, lf, dtype, cu_seqlens=torch.tensor([0, 70, 260, 400], dtype=torch.int32))
+    with torch.no_grad():
+        pruned = forgetting_attention(*(x.cuda().to(dtype) for x in (q, k, v)), lf.cuda(), adaptive_threshold="auto")
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    assert (pruned.cpu().double() - want).abs().max() < (1e-3 if dtype == torch.float32 else 5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_decode_check_gates_refuses_zero_gates_in_the_cache():
+    q, k, v, _ = _inputs(2, 150, 150, 4, 2, 64, seed=4)
+    _, _, c = append_to_cache(None, None, None, k, v, random_log_fgate((2, 150, 4)))
+    c[1, 20:, 3] = float("-inf")
+    with kernel_options(check_gates=True), pytest.raises(ValueError, match=r"c_cache must not hold -inf .* \(1, 20, 3\)"):
+        forgetting_attention_with_kvcache(*(x.cuda().to(torch.bfloat16) for x in (q[:, -1:], k, v)), c.cuda())
 
 
 def test_torch_path_option_gives_the_kernels_math():
@@ -197,29 +260,3 @@ def test_torch_path_option_gives_the_kernels_math():
         fast = forgetting_attention(q, k, v, lf, adaptive_threshold="auto")
         torch_path = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", options=KernelOptions(torch_path=True))
     torch.testing.assert_close(torch_path, fast, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_check_gates_makes_zero_gates_exact_and_decode_refuse_them(dtype):
-    """With ``check_gates`` a CUDA call holding gates of 0 runs on the PyTorch path: output and gradients
-    against float64 (bf16 inputs within the bf16 reference's own error); a decode cache of prefix sums holding
-    -inf is refused in one line."""
-    q, k, v, lf = _inputs(2, 150, 150, 4, 2, 64, seed=4)
-    ins = [x.cuda().to(dtype).requires_grad_() for x in (q, k, v)] + [lf.cuda().requires_grad_()]
-    out = forgetting_attention(*ins, options=CHECK_GATES)
-    assert torch.isfinite(out).all()
-    exact_in = [x.detach().double().requires_grad_() for x in ins]
-    same_in = [x.detach().clone().requires_grad_() for x in ins]
-    exact = forgetting_attention_ref(*exact_in)
-    same = forgetting_attention_ref(*same_in)
-    assert_close_to_reference(out, exact, same, name="out")
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).cuda().to(dtype)
-    for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), torch.autograd.grad(out, ins, do),
-                             torch.autograd.grad(exact, exact_in, do.double()), torch.autograd.grad(same, same_in, do)):
-        assert_close_to_reference(a, e, s, name=name, factor=3.0)
-    _, _, c = append_to_cache(None, None, None, k, v, random_log_fgate((2, 150, 4)))
-    c[1, 20:, 3] = float("-inf")
-    with kernel_options(check_gates=True), pytest.raises(ValueError, match=r"c_cache must not hold -inf .* \(1, 20, 3\)"):
-        forgetting_attention_with_kvcache(*(x.cuda().to(dtype) for x in (q[:, -1:], k, v)), c.cuda())

@@ -102,17 +102,19 @@ def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto
             threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
         out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window)
         return out.contiguous(), lse, threshold
-    from fox_kernel.ops.triton import sums
+    from fox_kernel.ops.triton import fwd, sums
 
-    c = sums.prefix_sums(log_fgate, seq_start)
+    c, z = sums.prefix_sums(log_fgate, seq_start, zeros=True)
     fixed = fixed_bound_softmax(q.dtype, options)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host
 
-        return host.forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed)
-    from fox_kernel.ops.triton import fwd
-
-    return fwd.forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, fixed, options)
+        out, lse, threshold = host.forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed)
+    else:
+        out, lse, threshold = fwd.forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps,
+                                          window, fixed, options)
+    fwd.forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, out, lse)
+    return out, lse, threshold
 
 
 def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window, options):
@@ -120,19 +122,19 @@ def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, 
     backend, one_pass = backward_plan(q, seq_start, cu_seqlens, window, options)
     if backend is Backend.TORCH:
         return chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window)
-    from fox_kernel.ops.triton import sums
+    from fox_kernel.ops.triton import bwd, sums
 
     if do.stride(-1) != 1:
         do = do.contiguous()
-    c = sums.prefix_sums(log_fgate, seq_start)
+    c, z = sums.prefix_sums(log_fgate, seq_start, zeros=True)
     delta = sums.delta(out, do)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host
 
-        dq, dk, dv, dc, dc_row = host.backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass)
+        grads = host.backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass)
     else:
-        from fox_kernel.ops.triton import bwd
-
-        dq, dk, dv, dc, dc_row = bwd.backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, threshold,
-                                              window, one_pass, options)
+        grads = bwd.backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, threshold, window, one_pass,
+                             options)
+    bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, seq_start, cu_seqlens, sm_scale, window, grads, options)
+    dq, dk, dv, dc, dc_row = grads
     return dq, dk, dv, sums.gate_grad(dc, dc_row, seq_start, cu_seqlens)

@@ -121,26 +121,6 @@ def _options_key(options: KernelOptions | None) -> str:
     return (options if options is not None else current_options()).key
 
 
-def _options_for_gates(log_fgate, seq_start, options: KernelOptions) -> KernelOptions:
-    """The options a kernel call runs with, given its gates. The Triton kernels measure ``c`` from tile
-    anchors in float32, where a gate of exactly 0 (c = -inf from there on) has no exact form; the PyTorch
-    path masks across it exactly. Where the gates are read (``checks.gates_checkable``: the interpreter's
-    CPU tensors, and CUDA tensors with ``check_gates``), a call holding one runs on the PyTorch path with
-    ``check_gates``, and is refused without it; unread CUDA gates of -inf give NaN rows after them."""
-    if options.torch_path or not checks.gates_checkable(log_fgate, options.check_gates):
-        return options
-    if seq_start is not None:  # padded gates do not count
-        pos = torch.arange(log_fgate.shape[1], device=log_fgate.device)
-        log_fgate = log_fgate.masked_fill((pos[None, :] < seq_start[:, None])[..., None], 0.0)
-    at = checks.zero_gate_at(log_fgate)
-    if at is None:
-        return options
-    if not options.check_gates:
-        checks.refuse_zero_gate("log_fgate", at, "the Triton kernels cannot represent it exactly (the PyTorch "
-                                "path does: KernelOptions(check_gates=True) sends such calls there)")
-    return options.replace(torch_path=True)
-
-
 def forgetting_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -161,11 +141,10 @@ def forgetting_attention(
         q: (B, Tq, H, D) queries; (B, H, Tq, D) with ``head_first``.
         k, v: (B, Tk, Hkv, D) keys and values, ``H % Hkv == 0`` (GQA/MQA), ``Tq <= Tk``.
         log_fgate: (B, Tk, H) float32 log forget gates (``logsigmoid`` of the gate logits), one per query head.
-            A gate of exactly 0 (-inf) at t hides the keys before t from the queries at and after t: exact on
-            the PyTorch (CPU) path; with ``KernelOptions(check_gates=True)`` a GPU or interpreter call holding
-            one runs there too (the check waits for the GPU once per call); without it the interpreter
-            refuses it and CUDA leaves it unchecked (the rows after it come out NaN). NaN gates give NaN
-            rows, never zeros.
+            A gate of exactly 0 (-inf) at t hides the keys before t from the queries at and after t, exactly,
+            on every path (a document boundary in a packed row, say): the GPU kernels re-run the tiles such
+            a gate touches (``ops/zero_gates.py``), so calls without one cost one extra small launch per
+            pass. NaN gates give NaN rows, never zeros.
         head_first: tensors are (B, H, T, D) and log_fgate (B, H, T).
         seq_start: (B,) integers, first real token of each row (left padding); padded keys get no attention,
             their gates do not count, padded query rows return 0.
@@ -227,8 +206,6 @@ def forgetting_attention(
     if seq_start is not None:
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
-    if dispatch.runs_triton(q) and not torch.compiler.is_compiling():
-        options = _options_for_gates(log_fgate, seq_start, options if options is not None else current_options())
     window = checks.check_window_size(window_size, Tk)
     if sm_scale is None:
         sm_scale = D**-0.5

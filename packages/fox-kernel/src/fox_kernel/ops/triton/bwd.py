@@ -18,17 +18,28 @@ import triton.language as tl
 from fox_kernel.ops.constants import LOG2E
 from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.common import block_and_head, kv_tiles, segment_offset, sequence_bounds
-from fox_kernel.ops.triton.ranges import kept_ranges, key_range, query_range, query_window_split, window_split
+from fox_kernel.ops.triton.ranges import (
+    first_keys,
+    kept_ranges,
+    key_range,
+    last_zero_gate,
+    lower_split,
+    query_range,
+    query_window_split,
+    window_split,
+)
 from fox_kernel.ops.triton.sums import local_sums
 
 
 @triton.jit
 def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor, offs_n,
                 s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d, q_desc, do_desc, row, bos, h,
-                dq_ptr, dcrow_ptr, dq_desc, stride_qad, offs_d, window,
+                dq_ptr, dcrow_ptr, dq_desc, stride_qad, offs_d, window, Z, z_base,
                 BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr,
                 PRECISION: tl.constexpr, USE_TMA: tl.constexpr, BLOCK_D: tl.constexpr, FUSED_DQ: tl.constexpr,
-                WINDOWED: tl.constexpr):
+                LOWER: tl.constexpr, HAS_WINDOW: tl.constexpr, ZEROS: tl.constexpr):
+    """Query block ``start_m`` against this key block; LOWER: each query hides the keys before its first
+    visible one (``ranges.first_keys``: a window's edge, gates of exactly 0)."""
     offs_m = start_m + tl.arange(0, BLOCK_M)
     mask_m = offs_m < t_q
     if USE_TMA:
@@ -46,8 +57,9 @@ def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_p
     s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2 - c_k2[:, None]
     if CAUSAL:
         s_t = tl.where(offs_n[:, None] <= pos_m[None, :], s_t, float("-inf"))
-    if WINDOWED:
-        s_t = tl.where(offs_n[:, None] > pos_m[None, :] - window, s_t, float("-inf"))
+    if LOWER:
+        lower = first_keys(Z, z_base, bos, pos_m, mask_m, window, HAS_WINDOW, ZEROS)
+        s_t = tl.where(offs_n[:, None] >= lower[None, :], s_t, float("-inf"))
     if HAS_SEQ_START:
         s_t = tl.where(offs_n[:, None] >= s0, s_t, float("-inf"))
     p_t = tl.math.exp2(s_t - lse2[None, :])
@@ -73,17 +85,20 @@ def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_p
 
 @triton.jit
 def _dkdv_kernel(
-    Q, K, V, C, CLQ, SEQ_START, CU, RANGE, DO, LSE, DELTA, DK, DV, DC, Q_DESC, DO_DESC, DQ_ACC, DC_ROW, DQ_DESC,
+    Q, K, V, C, CLQ, Z, SEQ_START, CU, RANGE, DO, LSE, DELTA, DK, DV, DC, Q_DESC, DO_DESC, DQ_ACC, DC_ROW, DQ_DESC,
     q_strides, k_strides, v_strides, do_strides, dk_strides, dv_strides, c_strides, lse_strides, dq_acc_strides,
     H, HKV, Tq, Tk, D, sm_scale, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, FUSED_DQ: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, FUSED_DQ: tl.constexpr, HAS_WINDOW: tl.constexpr, ZEROS: tl.constexpr,
+    HAS_LOWER: tl.constexpr,
 ):
     """dK, dV and the column term of dc per key block; with FUSED_DQ also dQ and the row term of dc,
     added in with atomics into DQ_ACC (float32 (B, H, D, Tq), through DQ_DESC on Hopper) and DC_ROW (one
-    pass instead of two, not bit-reproducible; without FUSED_DQ the kernel does not read the three)."""
+    pass instead of two, not bit-reproducible; without FUSED_DQ the kernel does not read the three).
+    ZEROS (``zero_gates.py``): only the key blocks some query of the group hides part of, behind a gate of
+    exactly 0 (``Z``), every query block masked, without pruning."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
     stride_vb, stride_vt, stride_vh = v_strides
@@ -98,6 +113,13 @@ def _dkdv_kernel(
     row, bos, t_q, t_k, s0 = sequence_bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
     if pid_n * BLOCK_N >= t_k:
         return
+    if ZEROS:  # a query hides keys of this block when the last query's last gate of 0 lies past its first key
+        hidden = 0
+        for g in range(GROUP):
+            hidden = tl.maximum(hidden, last_zero_gate(Z, row * stride_cb + (hk * GROUP + g) * stride_ch + bos, bos,
+                                                       t_k - 1))
+        if hidden <= pid_n * BLOCK_N:
+            return
     shift = t_k - t_q
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -115,6 +137,7 @@ def _dkdv_kernel(
         h = hk * GROUP + g
         c_ptr = C + row * stride_cb + h * stride_ch + bos
         clq_ptr = CLQ + row * stride_cb + h * stride_ch + bos
+        z_base = row * stride_cb + h * stride_ch + bos
         anchor = tl.load(c_ptr + pid_n * BLOCK_N)
         c_k = tl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(tl.float32) * LOG2E
@@ -138,26 +161,28 @@ def _dkdv_kernel(
         if HAS_WINDOW:  # a narrow window can end inside the diagonal blocks
             m_diag = tl.minimum(m_mid, m_hi)
             m_split = query_window_split(pid_n, shift, WINDOW, m_diag, m_hi, BLOCK_M, BLOCK_N)
+        if ZEROS:  # any later query may sit behind a gate of 0
+            m_split = m_diag
         dc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start_m in range(m_lo, m_diag, BLOCK_M):
             dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
                                      Q_DESC, DO_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
-                                     stride_qad, offs_d, WINDOW, BLOCK_M, True, HAS_SEQ_START, PRECISION, USE_TMA,
-                                     BLOCK_D, FUSED_DQ, HAS_WINDOW)
+                                     stride_qad, offs_d, WINDOW, Z, z_base, BLOCK_M, True, HAS_SEQ_START, PRECISION,
+                                     USE_TMA, BLOCK_D, FUSED_DQ, HAS_LOWER, HAS_WINDOW, ZEROS)
         for start_m in range(m_diag, m_split, BLOCK_M):
             dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr, anchor,
                                      offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2, mask_d,
                                      Q_DESC, DO_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
-                                     stride_qad, offs_d, WINDOW, BLOCK_M, False, HAS_SEQ_START, PRECISION, USE_TMA,
-                                     BLOCK_D, FUSED_DQ, False)
-        if HAS_WINDOW:
+                                     stride_qad, offs_d, WINDOW, Z, z_base, BLOCK_M, False, HAS_SEQ_START, PRECISION,
+                                     USE_TMA, BLOCK_D, FUSED_DQ, False, HAS_WINDOW, ZEROS)
+        if HAS_LOWER:
             for start_m in range(m_split, m_hi, BLOCK_M):
                 dk, dv, dc = _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_ptr, clq_ptr,
                                          anchor, offs_n, s0, t_q, shift, start_m, stride_qt, stride_dot, sm_scale2,
                                          mask_d, Q_DESC, DO_DESC, row.to(tl.int32), bos, h, dq_ptr, dcrow_ptr, DQ_DESC,
-                                         stride_qad, offs_d, WINDOW, BLOCK_M, False, HAS_SEQ_START, PRECISION,
-                                         USE_TMA, BLOCK_D, FUSED_DQ, True)
+                                         stride_qad, offs_d, WINDOW, Z, z_base, BLOCK_M, False, HAS_SEQ_START,
+                                         PRECISION, USE_TMA, BLOCK_D, FUSED_DQ, True, HAS_WINDOW, ZEROS)
         tl.store(DC + row * stride_cb + h * stride_ch + bos + offs_n, dc, mask=mask_n)
     dk_ptrs = DK + row * stride_dkb + hk * stride_dkh + rows_n * stride_dkt + offs_d[None, :]
     dv_ptrs = DV + row * stride_dvb + hk * stride_dvh + rows_n * stride_dvt + offs_d[None, :]
@@ -167,9 +192,9 @@ def _dkdv_kernel(
 
 @triton.jit
 def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
-              stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, window,
+              stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, lower_m,
               CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
-              USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WINDOWED: tl.constexpr):
+              USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, LOWER: tl.constexpr):
     kn = start_n + offs_n
     mask_n = kn < t_k
     k, v = kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
@@ -178,8 +203,8 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anc
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
-    if WINDOWED:
-        s = tl.where(kn[None, :] > pos_m[:, None] - window, s, float("-inf"))
+    if LOWER:
+        s = tl.where(kn[None, :] >= lower_m[:, None], s, float("-inf"))
     if HAS_SEQ_START:
         s = tl.where(kn[None, :] >= s0, s, float("-inf"))
     p = tl.math.exp2(s - lse2[:, None])
@@ -191,15 +216,15 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anc
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, C, CL, SEQ_START, CU, RANGE, DO, LSE, DELTA, DQ, DC_ROW, K_DESC, V_DESC,
+    Q, K, V, C, CL, Z, SEQ_START, CU, RANGE, DO, LSE, DELTA, DQ, DC_ROW, K_DESC, V_DESC,
     q_strides, k_strides, v_strides, do_strides, dq_strides, c_strides, lse_strides,
     H, Tq, Tk, D, sm_scale, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
-    HEADS_FIRST: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, HAS_WINDOW: tl.constexpr, ZEROS: tl.constexpr, HAS_LOWER: tl.constexpr,
 ):
-    """dQ and the row term of dc per query block."""
+    """dQ and the row term of dc per query block; ZEROS as in the forward (``zero_gates.py``)."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
     stride_vb, stride_vt, stride_vh = v_strides
@@ -214,6 +239,10 @@ def _dq_kernel(
     if pid_m * BLOCK_M >= t_q:
         return
     shift = t_k - t_q
+    z_base = row * stride_cb + h * stride_ch + bos
+    if ZEROS:  # noqa: SIM102 (a compile-time test, then a run-time one)
+        if last_zero_gate(Z, z_base, bos, tl.minimum(pid_m * BLOCK_M + BLOCK_M, t_q) - 1 + shift) <= 0:
+            return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -243,26 +272,30 @@ def _dq_kernel(
         lo = (tl.load(RANGE + pid_bh.to(tl.int64) * n_blk + pid_m) // BLOCK_N) * BLOCK_N
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dc_row = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lower_m = first_keys(Z, z_base, bos, pos_m, mask_m, WINDOW, HAS_WINDOW, ZEROS)
     split = lo
-    if HAS_WINDOW:
+    if ZEROS:
+        lo, split = lower_split(lower_m, mask_m, lo, mid, t_k, BLOCK_N)
+    elif HAS_WINDOW:
         split = window_split(lo, mid, first, WINDOW, BLOCK_M, BLOCK_N)
+    if HAS_LOWER:
         for jj in range(0, (split - lo) // BLOCK_N):
             start_n = lo + jj * BLOCK_N
             dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0,
                                    t_k, start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
-                                   row.to(tl.int32), bos, hk, WINDOW, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D, True)
+                                   row.to(tl.int32), bos, hk, lower_m, False, HAS_SEQ_START, EVEN_D, PRECISION,
+                                   USE_TMA, BLOCK_N, BLOCK_D, True)
     # counted from 0 rather than ranging from lo: with lo loaded (pruning) the range form made this
     # pass 30-40% slower on an H200 (same results); the counted loop runs as fast as lo = 0
     for jj in range(0, (mid - split) // BLOCK_N):
         start_n = split + jj * BLOCK_N
         dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC, row.to(tl.int32), bos, hk,
-                               WINDOW, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D, False)
+                               lower_m, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D, False)
     for start_n in range(mid, hi, BLOCK_N):
         dq, dc_row = _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, start_n,
                                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC, row.to(tl.int32), bos, hk,
-                               WINDOW, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D, HAS_WINDOW)
+                               lower_m, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA, BLOCK_N, BLOCK_D, HAS_LOWER)
     dq_ptrs = DQ + row * stride_dqb + h * stride_dqh + rows_m * stride_dqt + offs_d[None, :]
     tl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=mask_md)
     tl.store(DC_ROW + row * stride_lb + h * stride_lh + bos + offs_m, dc_row, mask=mask_m)
@@ -285,7 +318,7 @@ def backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, thresh
     flags = dict(
         GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
         HAS_THRESH=threshold is not None, EVEN_D=launch.block_d(D) == D, PRECISION=launch.precision(q.dtype),
-        HAS_WINDOW=window > 0, USE_TMA=tma, SCAN=launch.scan(),
+        HAS_WINDOW=window > 0, USE_TMA=tma, SCAN=launch.scan(), ZEROS=False, HAS_LOWER=window > 0,
     )
     _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags,
                n_rows, t_max, sm_scale, window, options)
@@ -295,8 +328,28 @@ def backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, thresh
     return dq, dk, dv, dc, dc_row
 
 
+def backward_zero_gates(do, q, k, v, c, z, lse, delta, seq_start, cu_seqlens, sm_scale, window, grads, options):
+    """Rewrites ``grads`` = (dq, dk, dv, dc, dc_row), from a backward of any backend on the same ``c``, where
+    a gate of exactly 0 hides keys (``z`` from ``sums.prefix_sums(..., zeros=True)``): dK, dV and dc of
+    the key blocks some query hides part of, then dQ and the row term of dc of the query tiles with such
+    a gate at or before a row. Two passes, no pruning; the other programs only read ``z`` and return."""
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    dq, dk, dv, dc, dc_row = grads
+    n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tk)
+    flags = dict(
+        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, HAS_THRESH=False,
+        EVEN_D=launch.block_d(D) == D, PRECISION=launch.precision(q.dtype), HAS_WINDOW=window > 0, USE_TMA=False,
+        SCAN=launch.scan(), ZEROS=True, HAS_LOWER=True,
+    )
+    _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, None, do, lse, delta, dk, dv, dc, dq, dc_row, False, flags,
+               n_rows, t_max, sm_scale, window, options, z)
+    _dq_pass(q, k, v, c, seq_start, cu_seqlens, None, do, lse, delta, dq, dc_row, flags, n_rows, t_max, sm_scale,
+             window, options, z)
+
+
 def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags,
-               n_rows, t_max, sm_scale, window, options):
+               n_rows, t_max, sm_scale, window, options, z=None):
     """dK, dV and the column term of dc; with ``one_pass`` also dQ (written into ``dq``) and the row term."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -320,7 +373,7 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
     grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), options.order_dkdv, D,
                                     H // Hkv)
     launch.any_length(_dkdv_kernel, Tq, Tk)[grid](
-        q, k, v, c, clq, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
+        q, k, v, c, clq, z, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
         dq_acc, dc_row, dq_desc,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(do), launch.strides(dk),
         launch.strides(dv), launch.strides(c, 2), launch.strides(lse, 2), launch.strides(dq_acc),
@@ -332,7 +385,7 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
 
 
 def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, flags, n_rows, t_max,
-             sm_scale, window, options):
+             sm_scale, window, options, z=None):
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
     cfg = launch.config("dq", D, q.dtype, q.device)
@@ -340,7 +393,8 @@ def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, d
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
     grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), options.order_dq)
     launch.any_length(_dq_kernel, Tq, Tk)[grid](
-        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, ranges, do, lse,
+        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z, seq_start, cu_seqlens,
+        ranges, do, lse,
         delta, dq, dc_row, k_desc, v_desc,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(do), launch.strides(dq),
         launch.strides(c, 2), launch.strides(lse, 2),

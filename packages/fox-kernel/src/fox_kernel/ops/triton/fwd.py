@@ -37,7 +37,14 @@ from fox_kernel.ops.constants import (
 from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.common import block_and_head, kv_tiles, segment_offset, sequence_bounds
 from fox_kernel.ops.triton.norms import key_sq_norms
-from fox_kernel.ops.triton.ranges import first_kept_key_block, key_range, window_split
+from fox_kernel.ops.triton.ranges import (
+    first_kept_key_block,
+    first_keys,
+    key_range,
+    last_zero_gate,
+    lower_split,
+    window_split,
+)
 from fox_kernel.ops.triton.sums import local_sums
 from fox_kernel.options import FixedRows, KernelOptions
 from fox_kernel.pruning import tile_threshold
@@ -48,8 +55,8 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
                stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, bound,
                CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
                USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr,
-               ROWS: tl.constexpr, rowwise, window, WINDOWED: tl.constexpr):
-    """One key block of the softmax; FIXED: ``bound`` bounds every exponent of the tile and is
+               ROWS: tl.constexpr, rowwise, lower_m, LOWER: tl.constexpr):
+    """One key block of the softmax (LOWER: keys before each row's ``lower_m`` hidden); FIXED: ``bound`` bounds every exponent of the tile and is
     subtracted with the column term, so there is no row maximum and no rescaling; with ``rowwise``
     (ROWS per row: always, per tile or row: a run-time choice per tile) each row subtracts its own bound
     ``m_i``."""
@@ -69,8 +76,8 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
                 s = s - m_i[:, None]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
-    if WINDOWED:
-        s = tl.where(kn[None, :] > pos_m[:, None] - window, s, float("-inf"))
+    if LOWER:
+        s = tl.where(kn[None, :] >= lower_m[:, None], s, float("-inf"))
     if HAS_SEQ_START:
         s = tl.where(kn[None, :] >= s0, s, float("-inf"))
     if FIXED:
@@ -112,11 +119,12 @@ def _fixed_bound(q_sq, c_q2, mask_m, kmax2, sm_scale2, GAP: tl.constexpr):
 
 @triton.jit
 def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, split, mid, hi, bound, row_bound,
-               rowwise, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, window,
+               rowwise, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc, row, bos, hk, lower_m,
                HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr,
-               ROWS: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    """[mid, hi) diagonal, [split, mid) whole, [lo, split) at the window's edge (split = lo without a window)."""
+               ROWS: tl.constexpr, HAS_LOWER: tl.constexpr):
+    """[mid, hi) diagonal, [split, mid) whole, [lo, split) at the rows' first visible keys ``lower_m`` (a
+    window's edge, gates of 0; split = lo without them)."""
     if FIXED:
         # the bound each row's weights are measured from (it enters the log-sum-exp)
         if ROWS == BOUND_PER_ROW:
@@ -137,33 +145,34 @@ def _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, spl
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
                                    row, bos, hk, bound, True, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, window, HAS_WINDOW)
+                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, lower_m, HAS_LOWER)
     for jj in range(0, (mid - split) // BLOCK_N):
         start_n = mid - BLOCK_N - jj * BLOCK_N
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
                                    start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
                                    row, bos, hk, bound, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, window, False)
-    if HAS_WINDOW:
+                                   BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, lower_m, False)
+    if HAS_LOWER:
         for jj in range(0, (split - lo) // BLOCK_N):
             start_n = split - BLOCK_N - jj * BLOCK_N
             acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k,
                                        start_n, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, k_desc, v_desc,
                                        row, bos, hk, bound, False, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                                       BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, window, True)
+                                       BLOCK_N, BLOCK_D, FIXED, ROWS, rowwise, lower_m, True)
     return acc, l_i, m_i
 
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, C, CL, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC, KMAX2, MARKS,
+    Q, K, V, C, CL, Z, SEQ_START, CU, THRESH, O, LSE, K_DESC, V_DESC, KMAX2, MARKS,
     q_strides, k_strides, v_strides, o_strides, c_strides, lse_strides,
     H, Tq, Tk, D, sm_scale2, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, HAS_THRESH: tl.constexpr,
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
     HEADS_FIRST: tl.constexpr, FIXED: tl.constexpr, MARKED: tl.constexpr, GAP: tl.constexpr, ROWS: tl.constexpr,
-    AUTO: tl.constexpr, LOG_EPS: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    AUTO: tl.constexpr, LOG_EPS: tl.constexpr, HAS_WINDOW: tl.constexpr, ZEROS: tl.constexpr,
+    HAS_LOWER: tl.constexpr,
 ):
     """Output and log-sum-exp of one query tile. Neither FIXED nor MARKED: every tile with the online
     softmax. FIXED: the tiles whose fixed softmax bound is tight enough, the others marked in MARKS;
@@ -171,7 +180,10 @@ def _fwd_kernel(
 
     AUTO (with HAS_THRESH): the pruning bound of each query tile comes from its own rows' norms
     (``pruning.tile_threshold``), and THRESH receives the least over the tiles of each (row, head): the
-    per-head "auto" bound, which the backward uses."""
+    per-head "auto" bound, which the backward uses.
+
+    ZEROS (``zero_gates.py``): only the query tiles with a gate of exactly 0 at or before a row (``Z``), online
+    and without pruning, each row hiding the keys before its last such gate."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
     stride_vb, stride_vt, stride_vh = v_strides
@@ -189,6 +201,10 @@ def _fwd_kernel(
         if tl.load(MARKS + tile) == 0:
             return
     shift = t_k - t_q
+    z_base = row * stride_cb + h * stride_ch + bos
+    if ZEROS:  # noqa: SIM102 (a compile-time test, then a run-time one)
+        if last_zero_gate(Z, z_base, bos, tl.minimum(pid_m * BLOCK_M + BLOCK_M, t_q) - 1 + shift) <= 0:
+            return
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -208,6 +224,9 @@ def _fwd_kernel(
     c_q2 = (c_q - anchor).to(tl.float32) * LOG2E
 
     lo, mid, hi = key_range(first, s0, t_k, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    lower_m = first_keys(Z, z_base, bos, pos_m, mask_m, WINDOW, HAS_WINDOW, ZEROS)
+    if ZEROS:
+        lo, split = lower_split(lower_m, mask_m, lo, mid, t_k, BLOCK_N)
     q_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
     kmax2 = 0.0
     if FIXED or AUTO:
@@ -223,9 +242,10 @@ def _fwd_kernel(
         else:
             delta = tl.load(THRESH + b * H + h)
         lo = first_kept_key_block(c_ptr, anchor, delta, lo, mid, BLOCK_N, SCAN)
-    split = lo
-    if HAS_WINDOW:
-        split = window_split(lo, mid, first, WINDOW, BLOCK_M, BLOCK_N)
+    if not ZEROS:
+        split = lo
+        if HAS_WINDOW:
+            split = window_split(lo, mid, first, WINDOW, BLOCK_M, BLOCK_N)
 
     cl_ptr = CL + row * stride_cb + h * stride_ch + bos
     bound = 0.0
@@ -245,8 +265,8 @@ def _fwd_kernel(
             return
     acc, l_i, m_i = _fwd_loops(q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s0, t_k, lo, split, mid, hi, bound,
                                row_bound, rowwise, stride_kt, stride_vt, sm_scale2, offs_n, mask_d, K_DESC, V_DESC,
-                               row.to(tl.int32), bos, hk, WINDOW, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
-                               BLOCK_M, BLOCK_N, BLOCK_D, FIXED, ROWS, HAS_WINDOW)
+                               row.to(tl.int32), bos, hk, lower_m, HAS_SEQ_START, EVEN_D, PRECISION, USE_TMA,
+                               BLOCK_M, BLOCK_N, BLOCK_D, FIXED, ROWS, HAS_LOWER)
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -291,11 +311,11 @@ def forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, tma)
     # per query tile: 1 where the fixed bound was too loose and the online launch must run it
     marks = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=q.device) if fixed else None
-    args = (q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), seq_start, cu_seqlens, threshold,
+    args = (q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), None, seq_start, cu_seqlens, threshold,
             out, lse, k_desc, v_desc, kmax2, marks,
             launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),
             launch.strides(lse, 2), H, Tq, Tk, D, sm_scale * LOG2E.value, window)
-    flags = dict(HAS_WINDOW=window > 0, GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None,
+    flags = dict(HAS_WINDOW=window > 0, ZEROS=False, HAS_LOWER=window > 0, GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None,
                  HAS_SEQ_START=seq_start is not None, HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D,
                  PRECISION=launch.precision(q.dtype), USE_TMA=tma, SCAN=launch.scan(), HEADS_FIRST=heads_first,
                  GAP=FIXED_BOUND_GAP, ROWS=int(fixed_rows(D, options)), AUTO=auto, LOG_EPS=float(auto_log_eps or 0.0),
@@ -307,3 +327,25 @@ def forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps
     else:
         kernel[grid](*args, FIXED=False, MARKED=False, **flags)
     return out, lse, threshold
+
+
+def forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, out, lse):
+    """Rewrites ``out`` and ``lse`` of the query tiles with a gate of exactly 0 at or before a row (``z`` from
+    ``sums.prefix_sums(..., zeros=True)``), after a forward of any backend on the same ``c``: online softmax,
+    no pruning, each row hiding the keys before its last such gate. The other tiles' programs only read
+    ``z`` and return."""
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tq)
+    cfg = launch.config("fwd", D, q.dtype, q.device)
+    grid, heads_first = launch.grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), None, D, H // Hkv)
+    launch.any_length(_fwd_kernel, Tq, Tk)[grid](
+        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z, seq_start, cu_seqlens, None,
+        out, lse, None, None, None, None,
+        launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),
+        launch.strides(lse, 2), H, Tq, Tk, D, sm_scale * LOG2E.value, window,
+        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, HAS_THRESH=False,
+        EVEN_D=cfg["BLOCK_D"] == D, PRECISION=launch.precision(q.dtype), USE_TMA=False, SCAN=launch.scan(),
+        HEADS_FIRST=heads_first, FIXED=False, MARKED=False, GAP=FIXED_BOUND_GAP, ROWS=int(FixedRows.TILE), AUTO=False,
+        LOG_EPS=0.0, HAS_WINDOW=window > 0, ZEROS=True, HAS_LOWER=True, **cfg,
+    )

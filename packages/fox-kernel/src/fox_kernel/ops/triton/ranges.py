@@ -33,6 +33,38 @@ def window_split(lo, mid, first, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
+def first_keys(Z, z_base, bos, pos_m, mask_m, window, HAS_WINDOW: tl.constexpr, ZEROS: tl.constexpr):
+    """The first key each query row at key position ``pos_m`` sees (int32, 0 for all): past the window's
+    edge, and with ZEROS at or after the row's last gate of exactly 0 (``Z`` at ``z_base``, the sequence's
+    first position; Z counts positions from the packed row's first, ``bos`` before the sequence's)."""
+    lower = tl.zeros(pos_m.shape, dtype=tl.int32)
+    if HAS_WINDOW:
+        lower = tl.maximum(pos_m - window + 1, 0)
+    if ZEROS:
+        zl = tl.load(Z + z_base + pos_m, mask=mask_m, other=0) - bos.to(tl.int32)
+        lower = tl.maximum(lower, zl)
+    return lower
+
+
+@triton.jit
+def last_zero_gate(Z, z_base, bos, last):
+    """The last gate of exactly 0 at or before position ``last``, counted from the sequence's first
+    position (``Z`` as in ``first_keys``); 0 or less for none after that first position."""
+    return tl.load(Z + z_base + last) - bos.to(tl.int32)
+
+
+@triton.jit
+def lower_split(lower_m, mask_m, lo, mid, t_k, BLOCK_N: tl.constexpr):
+    """(lo, split) for a query tile whose rows see keys from ``lower_m`` on: key blocks wholly before
+    every row's first key are skipped; [lo, split) holds the blocks some row sees only in part."""
+    first = tl.min(tl.where(mask_m, lower_m, t_k), 0)
+    last = tl.max(tl.where(mask_m, lower_m, 0), 0)
+    lo = tl.minimum(tl.maximum(lo, (first // BLOCK_N) * BLOCK_N), mid)
+    split = tl.minimum(tl.maximum(tl.cdiv(last, BLOCK_N) * BLOCK_N, lo), mid)
+    return lo, split
+
+
+@triton.jit
 def query_range(pid_n, shift, s0, t_q, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 HAS_WINDOW: tl.constexpr):
     """Query blocks that see part of key block ``pid_n`` (diagonal, [m_lo, m_mid)) then all of it, up to

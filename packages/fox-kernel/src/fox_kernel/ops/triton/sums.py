@@ -14,9 +14,17 @@ from fox_kernel.ops.triton.common import sequence_bounds
 
 
 @triton.jit
-def _prefix_sums_kernel(LF, SEQ_START, C, lf_strides, H, T, HAS_SEQ_START: tl.constexpr, BLOCK: tl.constexpr):
+def _later(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _prefix_sums_kernel(LF, SEQ_START, C, Z, lf_strides, H, T, HAS_SEQ_START: tl.constexpr, ZEROS: tl.constexpr,
+                        BLOCK: tl.constexpr):
     """c (B, H, T) float64 = cumsum of log f (B, T, H) over T, zero before ``seq_start``: one program per
-    (row, head) scans T in BLOCK-long chunks, carrying the float64 running sum."""
+    (row, head) scans T in BLOCK-long chunks, carrying the float64 running sum. With ZEROS a gate of
+    exactly 0 (log -inf) adds 0 to ``c`` and Z (B, H, T) int32 receives, per position, the last position
+    at or before it holding such a gate (0 if none): the first key that position's query may see."""
     stride_lb, stride_lt, stride_lh = lf_strides
     pid = tl.program_id(0)
     b = pid // H
@@ -25,9 +33,16 @@ def _prefix_sums_kernel(LF, SEQ_START, C, lf_strides, H, T, HAS_SEQ_START: tl.co
     dst = C + pid.to(tl.int64) * T
     _, _, _, _, s0 = sequence_bounds(None, SEQ_START, b, T, T, False, HAS_SEQ_START)
     running = tl.zeros([], dtype=tl.float64)
+    last_zero = tl.zeros([], dtype=tl.int32)
     for start in range(0, T, BLOCK):
         t = start + tl.arange(0, BLOCK)
         x = tl.load(src + t.to(tl.int64) * stride_lt, mask=(t < T) & (t >= s0), other=0.0).to(tl.float64)
+        if ZEROS:
+            zero = x == float("-inf")
+            x = tl.where(zero, 0.0, x)
+            seen = tl.maximum(tl.associative_scan(tl.where(zero, t, 0), 0, _later), last_zero)
+            tl.store(Z + pid.to(tl.int64) * T + t, seen, mask=t < T)
+            last_zero = tl.max(seen, 0)
         tl.store(dst + t, tl.cumsum(x, 0) + running, mask=t < T)
         running += tl.sum(x, 0)
 
@@ -63,16 +78,19 @@ def _scan_block(T: int) -> int:
     return 16 if launch.INTERPRET else min(2048, max(16, triton.next_power_of_2(T)))
 
 
-def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
+def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: bool = False):
     """c = cumsum(log f) in float64, laid out (B, H, T), gates before ``seq_start`` zeroed, in one launch
     (a float64 cast and torch's cumsum were two, and that cumsum over a few long rows ran ~40 us at
-    T=16k, H=12 on an H200)."""
+    T=16k, H=12 on an H200). With ``zeros``: (c, z), gates of exactly 0 counted as 0 in ``c`` and ``z``
+    (B, H, T) int32 the last such gate at or before each position (``zero_gates.py``)."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
+    z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
     if B * H and T:
-        _prefix_sums_kernel[(B * H,)](log_fgate, seq_start, c, launch.strides(log_fgate), H, T,
-                                      HAS_SEQ_START=seq_start is not None, BLOCK=_scan_block(T), num_warps=4)
-    return c
+        _prefix_sums_kernel[(B * H,)](log_fgate, seq_start, c, z, launch.strides(log_fgate), H, T,
+                                      HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=_scan_block(T),
+                                      num_warps=4)
+    return (c, z) if zeros else c
 
 
 def suffix_sums(dc: torch.Tensor, dc_row: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
