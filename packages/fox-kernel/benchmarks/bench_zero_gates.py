@@ -1,5 +1,5 @@
 """What exact gates of 0 cost: forward and forward+backward of ``forgetting_attention`` with the passes that
-re-run the tiles behind a gate of 0 (``ops/zero_gates.py``) against the same call without them, on gates
+re-run the tiles behind a gate of 0 (``ops/dispatch.py``) against the same call without them, on gates
 holding none (the passes' programs only read one number each and return), and on a row packed with
 documents separated by gates of 0 against the same documents as ``cu_seqlens``. bf16, B*T = 16384 tokens,
 H*D = 2048 (BENCHMARKS.md). Prints a table and writes JSON.

@@ -9,6 +9,15 @@
   or a window, a Triton with Gluon), else the Triton kernels.
 * The backward mode: two passes (dK/dV, then dQ; bit-reproducible) or one pass adding dQ in with atomics
   (``KernelOptions.backward="fused"``, never under ``torch.use_deterministic_algorithms``).
+* Gates of exactly 0 (log -inf). Such a gate at z hides the keys before z from the queries from z on. The
+  prefix sums count it as 0, so every backend runs on finite ``c`` whose differences are exact wherever
+  no such gate lies between query and key, and record per position the last such gate at or before it
+  (``z``, ``sums.prefix_sums(..., zeros=True)``). After the backend's forward and backward, Triton passes
+  re-run, exactly, what a gate of 0 changes: the query tiles with one at or before a row, and the key
+  blocks some later query hides keys of (``fwd.forward_zero_gates``, ``bwd.backward_zero_gates``), each
+  query masking the keys before its last gate of 0 as a window masks those before its edge. Reading the
+  gates on the host would wait for the GPU; instead every such pass is launched, and on gates without a
+  0 each program reads one number of ``z`` and returns (``benchmarks/bench_zero_gates.py``).
 
 The backend modules are imported on first use, so ``import fox_kernel`` loads no kernel (and no Gluon).
 """

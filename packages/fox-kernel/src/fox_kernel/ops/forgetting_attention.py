@@ -143,7 +143,7 @@ def forgetting_attention(
         log_fgate: (B, Tk, H) float32 log forget gates (``logsigmoid`` of the gate logits), one per query head.
             A gate of exactly 0 (-inf) at t hides the keys before t from the queries at and after t, exactly,
             on every path (a document boundary in a packed row, say): the GPU kernels re-run the tiles such
-            a gate touches (``ops/zero_gates.py``), so calls without one cost one extra small launch per
+            a gate touches (``ops/dispatch.py``), so calls without one cost one extra small launch per
             pass. NaN gates give NaN rows, never zeros.
         head_first: tensors are (B, H, T, D) and log_fgate (B, H, T).
         seq_start: (B,) integers, first real token of each row (left padding); padded keys get no attention,

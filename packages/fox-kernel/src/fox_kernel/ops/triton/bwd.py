@@ -97,7 +97,7 @@ def _dkdv_kernel(
     """dK, dV and the column term of dc per key block; with FUSED_DQ also dQ and the row term of dc,
     added in with atomics into DQ_ACC (float32 (B, H, D, Tq), through DQ_DESC on Hopper) and DC_ROW (one
     pass instead of two, not bit-reproducible; without FUSED_DQ the kernel does not read the three).
-    ZEROS (``zero_gates.py``): only the key blocks some query of the group hides part of, behind a gate of
+    ZEROS (``ops/dispatch.py``): only the key blocks some query of the group hides part of, behind a gate of
     exactly 0 (``Z``), every query block masked, without pruning."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
@@ -224,7 +224,7 @@ def _dq_kernel(
     EVEN_D: tl.constexpr, PRECISION: tl.constexpr, USE_TMA: tl.constexpr, SCAN: tl.constexpr,
     HEADS_FIRST: tl.constexpr, HAS_WINDOW: tl.constexpr, ZEROS: tl.constexpr, HAS_LOWER: tl.constexpr,
 ):
-    """dQ and the row term of dc per query block; ZEROS as in the forward (``zero_gates.py``)."""
+    """dQ and the row term of dc per query block; ZEROS as in the forward (``ops/dispatch.py``)."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
     stride_vb, stride_vt, stride_vh = v_strides

@@ -182,7 +182,7 @@ def _fwd_kernel(
     (``pruning.tile_threshold``), and THRESH receives the least over the tiles of each (row, head): the
     per-head "auto" bound, which the backward uses.
 
-    ZEROS (``zero_gates.py``): only the query tiles with a gate of exactly 0 at or before a row (``Z``), online
+    ZEROS (``ops/dispatch.py``): only the query tiles with a gate of exactly 0 at or before a row (``Z``), online
     and without pruning, each row hiding the keys before its last such gate."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides

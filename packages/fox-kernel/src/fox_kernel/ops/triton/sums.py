@@ -82,7 +82,7 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: 
     """c = cumsum(log f) in float64, laid out (B, H, T), gates before ``seq_start`` zeroed, in one launch
     (a float64 cast and torch's cumsum were two, and that cumsum over a few long rows ran ~40 us at
     T=16k, H=12 on an H200). With ``zeros``: (c, z), gates of exactly 0 counted as 0 in ``c`` and ``z``
-    (B, H, T) int32 the last such gate at or before each position (``zero_gates.py``)."""
+    (B, H, T) int32 the last such gate at or before each position (``ops/dispatch.py``)."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
