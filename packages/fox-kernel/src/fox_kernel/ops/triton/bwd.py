@@ -17,7 +17,7 @@ import triton.language as tl
 
 from fox_kernel.ops.constants import LOG2E
 from fox_kernel.ops.triton import launch
-from fox_kernel.ops.triton.common import block_and_head, kv_tiles, segment_offset, sequence_bounds
+from fox_kernel.ops.triton.common import block_and_head, kv_tiles, sequence_bounds, tile_bias
 from fox_kernel.ops.triton.ranges import (
     first_keys,
     kept_ranges,
@@ -52,7 +52,7 @@ def _dkdv_block(dk, dv, dc, k, v, c_k2, q_ptrs, do_ptrs, lse_ptr, delta_ptr, c_p
     delta = tl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
     pos_m = offs_m + shift
     # log2 of the softmax denominator less the row term c_i of the bias (one vector, not a tile, op)
-    c_q2 = tl.load(clq_ptr + pos_m, mask=mask_m, other=0.0) + segment_offset(c_ptr, anchor, shift + start_m)
+    c_q2 = tile_bias(c_ptr, clq_ptr, anchor, pos_m, mask_m, shift + start_m)
     lse2 = tl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf")) * LOG2E - c_q2
     s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * sm_scale2 - c_k2[:, None]
     if CAUSAL:
@@ -136,7 +136,10 @@ def _dkdv_kernel(
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + row * stride_cb + h * stride_ch + bos
-        clq_ptr = CLQ + row * stride_cb + h * stride_ch + bos
+        if CLQ is None:
+            clq_ptr = None
+        else:
+            clq_ptr = CLQ + row * stride_cb + h * stride_ch + bos
         z_base = row * stride_cb + h * stride_ch + bos
         anchor = tl.load(c_ptr + pid_n * BLOCK_N)
         c_k = tl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
@@ -199,7 +202,7 @@ def _dq_block(dq, dc_row, q, do, lse2, delta, k_ptrs, v_ptrs, c_ptr, cl_ptr, anc
     mask_n = kn < t_k
     k, v = kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
                      CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
-    c_k2 = tl.load(cl_ptr + kn, mask=mask_n, other=0.0) + segment_offset(c_ptr, anchor, start_n)
+    c_k2 = tile_bias(c_ptr, cl_ptr, anchor, kn, mask_n, start_n)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
     if CAUSAL:
         s = tl.where((kn[None, :] <= pos_m[:, None]) & mask_n[None, :], s, float("-inf"))
@@ -259,7 +262,10 @@ def _dq_kernel(
     k_ptrs = K + row * stride_kb + hk * stride_kh + bos * stride_kt + offs_d[None, :]
     v_ptrs = V + row * stride_vb + hk * stride_vh + bos * stride_vt + offs_d[None, :]
     c_ptr = C + row * stride_cb + h * stride_ch + bos
-    cl_ptr = CL + row * stride_cb + h * stride_ch + bos
+    if CL is None:
+        cl_ptr = None
+    else:
+        cl_ptr = CL + row * stride_cb + h * stride_ch + bos
     first = pid_m * BLOCK_M + shift
     anchor = tl.load(c_ptr + first)
     c_q = tl.load(c_ptr + pos_m, mask=mask_m, other=0.0)
@@ -353,7 +359,8 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
     """dK, dV and the column term of dc; with ``one_pass`` also dQ (written into ``dq``) and the row term."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    cfg = launch.config("fused" if one_pass else "dkdv", D, q.dtype, q.device)
+    cfg = (launch.rerun_config if z is not None else launch.config)("fused" if one_pass else "dkdv", D, q.dtype,
+                                                                      q.device)
     q_desc, do_desc = launch.descriptors((q, do), cfg["BLOCK_M"], cfg, flags["USE_TMA"])
     if one_pass:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
         dq_acc = dq_desc = torch.zeros(B, H, D, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
@@ -369,7 +376,7 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
         dq_acc = dq_desc = dc_row
     # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False, window)
-    clq = local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
+    clq = None if z is not None else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
     grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), options.order_dkdv, D,
                                     H // Hkv)
     launch.any_length(_dkdv_kernel, Tq, Tk)[grid](
@@ -388,12 +395,13 @@ def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, d
              sm_scale, window, options, z=None):
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
-    cfg = launch.config("dq", D, q.dtype, q.device)
+    cfg = (launch.rerun_config if z is not None else launch.config)("dq", D, q.dtype, q.device)
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, flags["USE_TMA"])
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
     grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), options.order_dq)
     launch.any_length(_dq_kernel, Tq, Tk)[grid](
-        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z, seq_start, cu_seqlens,
+        q, k, v, c, None if z is not None else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z, seq_start,
+        cu_seqlens,
         ranges, do, lse,
         delta, dq, dc_row, k_desc, v_desc,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(do), launch.strides(dq),

@@ -56,6 +56,18 @@ def segment_offset(c_ptr, anchor, seg_pos):
 
 
 @triton.jit
+def tile_bias(c_ptr, cl_ptr, anchor, pos, mask, tile_start):
+    """``(c_pos - anchor) * log2(e)`` in float32 for positions ``pos`` of the tile starting at ``tile_start``:
+    from the float32 local sums plus the tile's float64 offset, or, without local sums (``cl_ptr`` None:
+    the zero-gate passes, which spare their launch), from ``c`` in float64."""
+    if cl_ptr is None:
+        bias = ((tl.load(c_ptr + pos, mask=mask, other=0.0) - anchor) * LOG2E).to(tl.float32)
+    else:
+        bias = tl.load(cl_ptr + pos, mask=mask, other=0.0) + segment_offset(c_ptr, anchor, tile_start)
+    return bias
+
+
+@triton.jit
 def _load_kv(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, MASKED: tl.constexpr):
     """A (BLOCK_N, BLOCK_D) tile of K and of V; off the diagonal with a power-of-two D, unmasked."""
     rows = kn[:, None].to(tl.int64)

@@ -35,7 +35,7 @@ from fox_kernel.ops.constants import (
     LOG2E,
 )
 from fox_kernel.ops.triton import launch
-from fox_kernel.ops.triton.common import block_and_head, kv_tiles, segment_offset, sequence_bounds
+from fox_kernel.ops.triton.common import block_and_head, kv_tiles, sequence_bounds, tile_bias
 from fox_kernel.ops.triton.norms import key_sq_norms
 from fox_kernel.ops.triton.ranges import (
     first_kept_key_block,
@@ -64,7 +64,7 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
     mask_n = kn < t_k
     k, v = kv_tiles(k_ptrs, v_ptrs, kn, mask_n, mask_d, stride_kt, stride_vt, k_desc, v_desc, row, bos, start_n, hk,
                      CAUSAL or not EVEN_D, USE_TMA, BLOCK_N, BLOCK_D)
-    c_k2 = tl.load(cl_ptr + kn, mask=mask_n, other=0.0) + segment_offset(c_ptr, anchor, start_n)
+    c_k2 = tile_bias(c_ptr, cl_ptr, anchor, kn, mask_n, start_n)
     if FIXED:
         c_k2 += bound
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2 - c_k2[None, :]
@@ -247,7 +247,10 @@ def _fwd_kernel(
         if HAS_WINDOW:
             split = window_split(lo, mid, first, WINDOW, BLOCK_M, BLOCK_N)
 
-    cl_ptr = CL + row * stride_cb + h * stride_ch + bos
+    if CL is None:
+        cl_ptr = None
+    else:
+        cl_ptr = CL + row * stride_cb + h * stride_ch + bos
     bound = 0.0
     row_bound = tl.zeros([BLOCK_M], dtype=tl.float32)
     rowwise = False
@@ -337,10 +340,10 @@ def forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, o
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tq)
-    cfg = launch.config("fwd", D, q.dtype, q.device)
+    cfg = launch.rerun_config("fwd", D, q.dtype, q.device)
     grid, heads_first = launch.grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), None, D, H // Hkv)
     launch.any_length(_fwd_kernel, Tq, Tk)[grid](
-        q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z, seq_start, cu_seqlens, None,
+        q, k, v, c, None, z, seq_start, cu_seqlens, None,
         out, lse, None, None, None, None,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),
         launch.strides(lse, 2), H, Tq, Tk, D, sm_scale * LOG2E.value, window,
