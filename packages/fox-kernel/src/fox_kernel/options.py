@@ -4,7 +4,7 @@ Calls that pass no ``options=`` take ``current_options()``: those of the innermo
 block, else the environment's ``FOX_KERNEL_*`` variables, read once, at the first call (see the table in
 the package README). The options change how the Triton and Gluon kernels compute, never what: every
 setting gives the same results up to rounding (the two-pass backward's are bit-reproducible), except
-that ``check_gates`` turns the NaN rows after a gate of exactly 0 on CUDA into exact results or an error.
+that ``check_gates`` turns the NaN rows after a gate of exactly 0 in a CUDA decoding cache into an error.
 
 ``TRITON_INTERPRET`` is not an option: Triton reads it when a kernel is defined, so it is read here once,
 at import (``INTERPRET``).
@@ -66,14 +66,13 @@ class KernelOptions:
     order_dq: str | None = None
     """[FOX_KERNEL_ORDER_DQ=heads|blocks] Launch order of the Triton dQ pass; None: blocks."""
     check_gates: bool = False
-    """[FOX_KERNEL_CHECK_GATES=0|1] Look for gates of exactly 0 (log gate -inf) in CUDA inputs as well, at one
-    wait for the GPU per call (not while compiling or capturing a CUDA graph): ``forgetting_attention`` then
-    runs a call that holds one on the PyTorch path, which masks across it exactly (the kernels' rows after
-    it would be NaN), as it does in the interpreter; the decoding calls refuse it (a cache of prefix sums
-    cannot hold it). Off, CUDA inputs are not read and such rows come out NaN."""
+    """[FOX_KERNEL_CHECK_GATES=0|1] The decoding calls look for gates of exactly 0 (log gate -inf) in CUDA
+    gates and caches as well, and refuse them (a cache of prefix sums cannot hold one), at one wait for the
+    GPU per call (not while compiling or capturing a CUDA graph). Off, CUDA inputs are not read and such
+    decoding rows come out NaN. ``forgetting_attention`` is exact with such gates either way."""
     torch_path: bool = False
     """[FOX_KERNEL_TORCH_PATH=0|1] Run CUDA (and interpreter) calls of ``forgetting_attention`` on the chunked
-    PyTorch path instead of the kernels: slower, the same math, exact with gates of exactly 0."""
+    PyTorch path instead of the kernels: slower, the same math."""
 
     def __post_init__(self):
         if self.backward not in BACKWARD_MODES:

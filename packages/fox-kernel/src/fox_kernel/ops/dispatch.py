@@ -3,7 +3,7 @@
 * The device path (``runs_triton``): CUDA tensors run the GPU kernels; CPU tensors the chunked PyTorch
   twin (``chunked.py``), or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``
   (float32; float64 always takes the PyTorch path). ``KernelOptions.torch_path`` sends any call to the
-  PyTorch twin (``forgetting_attention`` sets it for a call with a gate of exactly 0 it has seen).
+  PyTorch twin.
 * The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
   (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``
   or a window, a Triton with Gluon), else the Triton kernels.
