@@ -39,17 +39,20 @@ def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
     return q, k, v, lf
 
 
-def _grads_against_reference(q, k, v, lf, options=None, **kw):
-    """forgetting_attention's output and four gradients vs the float64 reference (and a float32 one)."""
-    ins = [x.clone().requires_grad_() for x in (q, k, v, lf)]
-    exact_in = [x.double().requires_grad_() for x in (q, k, v, lf)]
-    same_in = [x.clone().requires_grad_() for x in (q, k, v, lf)]
+def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torch.float32, **kw):
+    """forgetting_attention's output and four gradients, with q, k, v in ``dtype`` on ``device``, vs the
+    float64 reference and a same-precision one, both taking the same rounded inputs (a 16-bit call is
+    held to the 16-bit reference's own error)."""
+    ins = [x.to(device, dtype).clone().requires_grad_() for x in (q, k, v)] + [lf.to(device).clone().requires_grad_()]
+    kw = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    exact_in = [x.detach().double().requires_grad_() for x in ins]
+    same_in = [x.detach().clone().requires_grad_() for x in ins]
     out = forgetting_attention(*ins, options=options, **kw)
     exact = forgetting_attention_ref(*exact_in, **kw)
     same = forgetting_attention_ref(*same_in, **kw)
     assert torch.isfinite(exact).all()
     assert_close_to_reference(out, exact, same, name="out")
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), torch.autograd.grad(out, ins, do),
                              torch.autograd.grad(exact, exact_in, do.double()), torch.autograd.grad(same, same_in, do)):
         assert_close_to_reference(a, e, s, name=name, factor=3.0)
@@ -190,24 +193,6 @@ def test_cuda_rows_after_a_nan_gate_are_nan_never_finite_and_wrong(dtype):
     assert out[1, :, 0].isnan().all() and torch.isfinite(out[0]).all()
 
 
-def _cuda_grads_against_reference(q, k, v, lf, dtype, options=None, **kw):
-    """As ``_grads_against_reference`` with the call on CUDA in ``dtype`` (the references take the same
-    rounded inputs; a 16-bit call is held to the 16-bit reference's own error)."""
-    ins = [x.cuda().to(dtype).requires_grad_() for x in (q, k, v)] + [lf.cuda().requires_grad_()]
-    kw_cuda = {n: (x.cuda() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
-    out = forgetting_attention(*ins, options=options, **kw_cuda)
-    exact_in = [x.detach().double().requires_grad_() for x in ins]
-    same_in = [x.detach().clone().requires_grad_() for x in ins]
-    exact = forgetting_attention_ref(*exact_in, **kw_cuda)
-    same = forgetting_attention_ref(*same_in, **kw_cuda)
-    assert torch.isfinite(exact).all()
-    assert_close_to_reference(out, exact, same, name="out")
-    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).cuda().to(dtype)
-    for name, a, e, s in zip(("dq", "dk", "dv", "dlog_fgate"), torch.autograd.grad(out, ins, do),
-                             torch.autograd.grad(exact, exact_in, do.double()), torch.autograd.grad(same, same_in, do)):
-        assert_close_to_reference(a, e, s, name=name, factor=3.0)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -220,7 +205,7 @@ def test_cuda_zero_gates_are_exact_on_every_backend(dtype, D, options):
     the reference's output and gradients."""
     q, k, v, lf = _inputs(2, 300, 300, 4, 2, D, seed=4)
     lf[0, 128, 1] = lf[1, 255, 3] = lf[1, 0, 0] = float("-inf")
-    _cuda_grads_against_reference(q, k, v, lf, dtype, options)
+    _grads_against_reference(q, k, v, lf, options, "cuda", dtype)
 
 
 @pytest.mark.gpu
@@ -229,11 +214,12 @@ def test_cuda_zero_gates_are_exact_on_every_backend(dtype, D, options):
 def test_cuda_zero_gates_with_padding_packing_windows_and_pruning(dtype):
     q, k, v, lf = _inputs(3, 200, 200, 2, 1, 64, seed=5)
     lf[1, :40] = float("-inf")
-    _cuda_grads_against_reference(q, k, v, lf, dtype, seq_start=torch.tensor([0, 40, 170]))
-    _cuda_grads_against_reference(q, k, v, lf, dtype, window_size=70)
+    _grads_against_reference(q, k, v, lf, device="cuda", dtype=dtype, seq_start=torch.tensor([0, 40, 170]))
+    _grads_against_reference(q, k, v, lf, device="cuda", dtype=dtype, window_size=70)
     q, k, v, lf = _inputs(1, 400, 400, 2, 2, 64, seed=6)
     lf[0, [70, 150, 151, 333]] = float("-inf")
-    _cuda_grads_against_reference(q, k, v, lf, dtype, cu_seqlens=torch.tensor([0, 70, 260, 400], dtype=torch.int32))
+    _grads_against_reference(q, k, v, lf, device="cuda", dtype=dtype,
+                             cu_seqlens=torch.tensor([0, 70, 260, 400], dtype=torch.int32))
     with torch.no_grad():
         pruned = forgetting_attention(*(x.cuda().to(dtype) for x in (q, k, v)), lf.cuda(), adaptive_threshold="auto")
     want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())

@@ -311,8 +311,8 @@ def backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, thresh
     """(dq, dk, dv, dc, dc_row): the gradients of q, k, v and the column (B, H, Tk) and row (B, H, Tq)
     terms of the gradient of ``c`` (``sums.gate_grad`` adds them up). ``one_pass``: the dK/dV programs
     also add dQ and the row term in, with atomics."""
-    B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
+    B, Tq, H, _ = q.shape
+    Tk = k.shape[1]
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -321,11 +321,7 @@ def backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, thresh
     dc_row = (torch.zeros if one_pass else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
     n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tk)
     tma = cu_seqlens is None and launch.use_tma(options, q, k, v, do)
-    flags = dict(
-        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
-        HAS_THRESH=threshold is not None, EVEN_D=launch.block_d(D) == D, PRECISION=launch.precision(q.dtype),
-        HAS_WINDOW=window > 0, USE_TMA=tma, SCAN=launch.scan(), ZEROS=False, HAS_LOWER=window > 0,
-    )
+    flags = _flags(q, k, seq_start, cu_seqlens, threshold, window, tma, zeros=False)
     _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags,
                n_rows, t_max, sm_scale, window, options)
     if not one_pass:
@@ -339,19 +335,28 @@ def backward_zero_gates(do, q, k, v, c, z, lse, delta, seq_start, cu_seqlens, sm
     a gate of exactly 0 hides keys (``z`` from ``sums.prefix_sums(..., zeros=True)``): dK, dV and dc of
     the key blocks some query hides part of, then dQ and the row term of dc of the query tiles with such
     a gate at or before a row. Two passes, no pruning; the other programs only read ``z`` and return."""
-    B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
     dq, dk, dv, dc, dc_row = grads
-    n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tk)
-    flags = dict(
-        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, HAS_THRESH=False,
-        EVEN_D=launch.block_d(D) == D, PRECISION=launch.precision(q.dtype), HAS_WINDOW=window > 0, USE_TMA=False,
-        SCAN=launch.scan(), ZEROS=True, HAS_LOWER=True,
-    )
+    n_rows, t_max = launch.grid_rows(cu_seqlens, q.shape[0], k.shape[1])
+    flags = _flags(q, k, seq_start, cu_seqlens, None, window, False, zeros=True)
     _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, None, do, lse, delta, dk, dv, dc, dq, dc_row, False, flags,
                n_rows, t_max, sm_scale, window, options, z)
     _dq_pass(q, k, v, c, seq_start, cu_seqlens, None, do, lse, delta, dq, dc_row, flags, n_rows, t_max, sm_scale,
              window, options, z)
+
+
+def _flags(q, k, seq_start, cu_seqlens, threshold, window, tma, zeros):
+    """The compile-time switches both passes take; ``zeros``: the zero-gate passes (no pruning)."""
+    return dict(
+        GROUP=q.shape[2] // k.shape[2], IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
+        HAS_THRESH=threshold is not None, EVEN_D=launch.block_d(q.shape[3]) == q.shape[3],
+        PRECISION=launch.precision(q.dtype), HAS_WINDOW=window > 0, USE_TMA=tma, SCAN=launch.scan(), ZEROS=zeros,
+        HAS_LOWER=zeros or window > 0,
+    )
+
+
+def _tiles(kind, q, flags):
+    """A pass's tiles: the zero-gate passes take their lean ones (``launch.rerun_config``)."""
+    return (launch.rerun_config if flags["ZEROS"] else launch.config)(kind, q.shape[3], q.dtype, q.device)
 
 
 def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags,
@@ -359,8 +364,7 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
     """dK, dV and the column term of dc; with ``one_pass`` also dQ (written into ``dq``) and the row term."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    cfg = (launch.rerun_config if z is not None else launch.config)("fused" if one_pass else "dkdv", D, q.dtype,
-                                                                      q.device)
+    cfg = _tiles("fused" if one_pass else "dkdv", q, flags)
     q_desc, do_desc = launch.descriptors((q, do), cfg["BLOCK_M"], cfg, flags["USE_TMA"])
     if one_pass:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
         dq_acc = dq_desc = torch.zeros(B, H, D, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
@@ -376,7 +380,8 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
         dq_acc = dq_desc = dc_row
     # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False, window)
-    clq = None if z is not None else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
+    # the zero-gate passes read c in float64 instead (one launch less)
+    clq = None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
     grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), options.order_dkdv, D,
                                     H // Hkv)
     launch.any_length(_dkdv_kernel, Tq, Tk)[grid](
@@ -395,15 +400,13 @@ def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, d
              sm_scale, window, options, z=None):
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
-    cfg = (launch.rerun_config if z is not None else launch.config)("dq", D, q.dtype, q.device)
+    cfg = _tiles("dq", q, flags)
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, flags["USE_TMA"])
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
     grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), options.order_dq)
     launch.any_length(_dq_kernel, Tq, Tk)[grid](
-        q, k, v, c, None if z is not None else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z, seq_start,
-        cu_seqlens,
-        ranges, do, lse,
-        delta, dq, dc_row, k_desc, v_desc,
+        q, k, v, c, None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z,
+        seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(do), launch.strides(dq),
         launch.strides(c, 2), launch.strides(lse, 2),
         H, Tq, Tk, D, sm_scale, sm_scale * LOG2E.value, window, HEADS_FIRST=heads_first, **flags, **cfg,

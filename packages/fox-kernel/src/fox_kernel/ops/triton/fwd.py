@@ -56,8 +56,8 @@ def _fwd_block(acc, l_i, m_i, q, k_ptrs, v_ptrs, c_ptr, cl_ptr, anchor, pos_m, s
                CAUSAL: tl.constexpr, HAS_SEQ_START: tl.constexpr, EVEN_D: tl.constexpr, PRECISION: tl.constexpr,
                USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, FIXED: tl.constexpr,
                ROWS: tl.constexpr, rowwise, lower_m, LOWER: tl.constexpr):
-    """One key block of the softmax (LOWER: keys before each row's ``lower_m`` hidden); FIXED: ``bound`` bounds every exponent of the tile and is
-    subtracted with the column term, so there is no row maximum and no rescaling; with ``rowwise``
+    """One key block of the softmax (LOWER: keys before each row's ``lower_m`` hidden); FIXED: ``bound``
+    bounds every exponent of the tile and is subtracted with the column term, so there is no row maximum and no rescaling; with ``rowwise``
     (ROWS per row: always, per tile or row: a run-time choice per tile) each row subtracts its own bound
     ``m_i``."""
     kn = start_n + offs_n
@@ -314,12 +314,12 @@ def forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, tma)
     # per query tile: 1 where the fixed bound was too loose and the online launch must run it
     marks = torch.empty(grid[0] * grid[1], dtype=torch.int8, device=q.device) if fixed else None
-    args = (q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), None, seq_start, cu_seqlens, threshold,
-            out, lse, k_desc, v_desc, kmax2, marks,
+    args = (q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), None, seq_start, cu_seqlens,
+            threshold, out, lse, k_desc, v_desc, kmax2, marks,
             launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),
             launch.strides(lse, 2), H, Tq, Tk, D, sm_scale * LOG2E.value, window)
-    flags = dict(HAS_WINDOW=window > 0, ZEROS=False, HAS_LOWER=window > 0, GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None,
-                 HAS_SEQ_START=seq_start is not None, HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D,
+    flags = dict(HAS_WINDOW=window > 0, ZEROS=False, HAS_LOWER=window > 0, GROUP=H // Hkv,
+                 IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D,
                  PRECISION=launch.precision(q.dtype), USE_TMA=tma, SCAN=launch.scan(), HEADS_FIRST=heads_first,
                  GAP=FIXED_BOUND_GAP, ROWS=int(fixed_rows(D, options)), AUTO=auto, LOG_EPS=float(auto_log_eps or 0.0),
                  **cfg)
