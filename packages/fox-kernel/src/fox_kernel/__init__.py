@@ -3,9 +3,11 @@
 ``forgetting_attention`` runs Triton kernels on CUDA and a chunked PyTorch twin on the CPU;
 ``fox_kernel.reference.forgetting_attention_ref`` is the plain materialised reference. ``KernelOptions``
 steers the GPU kernels (default: the ``FOX_KERNEL_*`` environment variables); ``fox_kernel.pruning``
-holds the bound of adaptive computation pruning.
+holds the bound of adaptive computation pruning; ``fox_kernel.context_parallel`` splits one sequence
+across the ranks of a process group.
 """
 
+from fox_kernel.context_parallel import context_parallel_forgetting_attention
 from fox_kernel.decode import (
     append_to_cache,
     append_to_paged_cache,
@@ -22,6 +24,7 @@ __all__ = [
     "KernelOptions",
     "append_to_cache",
     "append_to_paged_cache",
+    "context_parallel_forgetting_attention",
     "current_options",
     "fill_empty_cache",
     "forgetting_attention",

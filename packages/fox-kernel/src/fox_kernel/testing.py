@@ -70,3 +70,29 @@ def run_interpreted(test_file: str, *, select: str = "not interpreted", timeout:
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", select],
                          env=env, capture_output=True, text=True, timeout=timeout, cwd=Path(test_file).parent)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def run_ranks(script: str, world_size: int, *args: str, timeout: int = 600) -> None:
+    """Run ``script`` in ``world_size`` fresh processes, one per rank of a torch.distributed job (RANK,
+    WORLD_SIZE, MASTER_ADDR and a free MASTER_PORT in their environment, as torchrun sets them), each with
+    ``args``; fail with a failing rank's output unless every rank exits with 0. For tests of distributed code
+    with real processes (the gloo backend on the CPU)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, script, *args], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world_size)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    failed = [(r, out) for r, (p, out) in enumerate(zip(procs, outputs)) if p.returncode != 0]
+    assert not failed, f"rank {failed[0][0]} of {world_size} failed:\n{failed[0][1][-6000:]}"

@@ -1,0 +1,302 @@
+"""Context parallelism: one sequence split across the ranks of a process group.
+
+Layout (``zigzag``). A sequence of length T is cut into 2N chunks of C = T / (2N) tokens; rank r holds
+chunks r and 2N-1-r, concatenated, so its local length is 2C. Under the causal mask every rank then does
+the same attention work (a contiguous split would leave the last rank about twice the mean).
+``shard_sequence`` and ``unshard_sequence`` make and undo this layout.
+
+Attention (``context_parallel_forgetting_attention``), the all-gather scheme Llama 3 trained with:
+1. one all-gather brings every rank K and V (concatenated, one collective) and one the log forget gates
+   of the whole sequence;
+2. each local chunk of queries is one ordinary call of the kernel with fewer queries than keys: the
+   queries are end-aligned to the keys up to their chunk's end. The kernel computes the prefix sums of the
+   gates itself, over exactly the keys it reads, so ``c_i - c_j`` is the sum of the gates between j and i
+   as in the single-device call. Every call starts at the sequence's first key, so its prefix sums are
+   the single-device call's, rounding included: a long sequence keeps exactly the precision the kernel has
+   on one device at that length. With a sliding window the kernel skips the key tiles wholly before the
+   window, as on one device;
+3. the backward gathers K, V and the gates again (nothing of the whole sequence is kept between the passes:
+   a rank holds one layer's full K/V only while that layer runs), runs the kernel's backward per chunk,
+   sums the gradients of K, V and the gates over the chunks in float32 and reduce-scatters them to their
+   owners (the adjoint of the all-gather). The gates' gradient of the kernel already holds the reverse
+   prefix sum over the keys of the call, so the sum over chunks and ranks is the exact gradient.
+
+Adaptive computation pruning works as on one device: each chunk's call skips the key blocks whose decay
+makes them negligible (with ``"auto"``, the bound uses that call's own number of keys, which are all the
+keys its queries see, so the eps guarantee holds). Those blocks are not computed; they are still
+gathered, as the all-gather sends whole shards.
+
+Everything here uses ``torch.distributed`` only; the gloo backend works on the CPU (float64 included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from fox_kernel.ops import checks
+from fox_kernel.ops.forgetting_attention import _bwd_op, _fwd_op, _options_key, _threshold_tensor
+from fox_kernel.options import KernelOptions
+from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, AutoThreshold
+
+__all__ = [
+    "ContextParallel",
+    "context_parallel_forgetting_attention",
+    "shard_sequence",
+    "unshard_sequence",
+    "zigzag_chunks",
+]
+
+
+def _world(group) -> tuple[int, int]:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("context parallelism needs torch.distributed initialised (dist.init_process_group)")
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def zigzag_chunks(world_size: int, rank: int) -> tuple[int, int]:
+    """The global indices of the two chunks (of 2 * world_size) that ``rank`` holds, in local order."""
+    return rank, 2 * world_size - 1 - rank
+
+
+def shard_sequence(x: torch.Tensor, world_size: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s zigzag shard of a whole sequence ``x`` along ``dim`` (its length a multiple of
+    2 * world_size): chunks r and 2N-1-r, concatenated."""
+    T = x.shape[dim]
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
+    if T % (2 * world_size):
+        raise ValueError(f"the sequence length must be a multiple of 2 * world_size = {2 * world_size} along "
+                         f"dim {dim}, got {T}")
+    chunks = x.chunk(2 * world_size, dim=dim)
+    first, second = zigzag_chunks(world_size, rank)
+    return torch.cat([chunks[first], chunks[second]], dim=dim)
+
+
+def _from_rank_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The whole sequence from every rank's shard (``parts[r]`` is rank r's)."""
+    world = len(parts)
+    chunks: list[torch.Tensor | None] = [None] * (2 * world)
+    for r, part in enumerate(parts):
+        a, b = part.chunk(2, dim=dim)
+        first, second = zigzag_chunks(world, r)
+        chunks[first], chunks[second] = a, b
+    return torch.cat(chunks, dim=dim)
+
+
+def _to_rank_order(x: torch.Tensor, world: int, dim: int) -> torch.Tensor:
+    """(world, *x.shape with dim's length / world): every rank's shard of the whole ``x``, stacked."""
+    return torch.stack([shard_sequence(x, world, r, dim) for r in range(world)])
+
+
+def _all_gather(x: torch.Tensor, group) -> list[torch.Tensor]:
+    world, _ = _world(group)
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return parts
+
+
+def _reduce_scatter(stacked: torch.Tensor, group) -> torch.Tensor:
+    """Sum over ranks of ``stacked`` (world, ...), returning this rank's slice ``[rank]``. NCCL reduce-scatters;
+    backends without it (gloo) all-reduce the whole tensor and keep their slice."""
+    world, rank = _world(group)
+    if dist.get_backend(group) == "nccl":
+        out = torch.empty_like(stacked[0])
+        dist.reduce_scatter_tensor(out, stacked.contiguous(), group=group)
+        return out
+    stacked = stacked.contiguous()
+    dist.all_reduce(stacked, group=group)
+    return stacked[rank]
+
+
+def unshard_sequence(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
+    """The whole sequence from every rank's zigzag shard ``x`` (an all-gather; no gradient)."""
+    return _from_rank_order(_all_gather(x, group), dim)
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather of every rank's shard into the whole sequence along dim 1; the backward sums the
+    gradients of all ranks and returns this rank's shard of them."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return unshard_sequence(x, group, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        world, _ = _world(ctx.group)
+        return _reduce_scatter(_to_rank_order(grad, world, 1), ctx.group), None
+
+
+def gather_sequence(x: torch.Tensor, group=None) -> torch.Tensor:
+    """The whole sequence (B, T, ...) from every rank's zigzag shard (B, T / N, ...), with gradients."""
+    return _GatherSequence.apply(x, group)
+
+
+def _gather_kvg(k, v, log_fgate, group):
+    """The whole sequence's K, V (one collective for both) and log gates."""
+    kv = unshard_sequence(torch.cat([k, v], dim=-1), group)
+    K, V = kv.split(k.shape[-1], dim=-1)
+    return K, V, unshard_sequence(log_fgate, group)
+
+
+def _chunk_calls(world: int, rank: int, T_local: int):
+    """(local query slice, last key + 1) of each of this rank's two chunks: its queries see the keys before
+    that end. Every call starts at key 0, so that the kernel's prefix sums are the single-device call's
+    (with a sliding window the kernel never reads the key tiles wholly before the window)."""
+    C = T_local // 2
+    for i, g in enumerate(zigzag_chunks(world, rank)):
+        yield slice(i * C, (i + 1) * C), (g + 1) * C
+
+
+class _ContextParallelAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, log_fgate, group, sm_scale, threshold, auto_log_eps, window, options):
+        world, rank = _world(group)
+        K, V, G = _gather_kvg(k, v, log_fgate, group)
+        outs, lses, bounds = [], [], []
+        for rows, end in _chunk_calls(world, rank, q.shape[1]):
+            out, lse, bound = _fwd_op(q[:, rows], K[:, :end], V[:, :end], G[:, :end], None, None,
+                                      sm_scale, threshold, auto_log_eps, window, options)
+            outs.append(out)
+            lses.append(lse)
+            bounds.append(bound if auto_log_eps is not None else threshold)
+        ctx.save_for_backward(q, k, v, log_fgate, *outs, *lses)
+        ctx.bounds = bounds
+        ctx.args = (group, sm_scale, window, options)
+        return torch.cat(outs, dim=1)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, log_fgate, *saved = ctx.saved_tensors
+        outs, lses = saved[:2], saved[2:]
+        group, sm_scale, window, options = ctx.args
+        world, rank = _world(group)
+        K, V, G = _gather_kvg(k, v, log_fgate, group)
+        B, T, Hkv, D = K.shape
+        acc = torch.promote_types(k.dtype, torch.float32)
+        dK = K.new_zeros((B, T, Hkv, D), dtype=acc)
+        dV = torch.zeros_like(dK)
+        dG = torch.zeros_like(G, dtype=torch.promote_types(G.dtype, torch.float32))
+        dq = torch.empty_like(q)
+        for i, (rows, end) in enumerate(_chunk_calls(world, rank, q.shape[1])):
+            dq_i, dk_i, dv_i, dg_i = _bwd_op(dout[:, rows].contiguous(), q[:, rows], K[:, :end], V[:, :end],
+                                             G[:, :end], outs[i], lses[i], None, None, sm_scale, ctx.bounds[i],
+                                             window, options)
+            dq[:, rows] = dq_i
+            dK[:, :end] += dk_i
+            dV[:, :end] += dv_i
+            dG[:, :end] += dg_i
+        dkv = _reduce_scatter(_to_rank_order(torch.cat([dK, dV], dim=-1), world, 1), group)
+        dk, dv = dkv.split(D, dim=-1)
+        dg = _reduce_scatter(_to_rank_order(dG, world, 1), group)
+        return (dq, dk.to(k.dtype), dv.to(v.dtype), dg.to(log_fgate.dtype), None, None, None, None, None, None)
+
+
+@torch.compiler.disable  # collectives inside an autograd.Function: run eagerly under torch.compile
+def context_parallel_forgetting_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    log_fgate: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    sm_scale: float | None = None,
+    adaptive_threshold=None,
+    window_size: int | None = None,
+    options: KernelOptions | None = None,
+) -> torch.Tensor:
+    """Forgetting Attention of one sequence split across the ranks of ``group`` (default: the world).
+
+    Each rank passes its zigzag shard (``shard_sequence``) of q (B, T/N, H, D), k and v (B, T/N, Hkv, D) and
+    log_fgate (B, T/N, H) float32, and gets its shard of the output; forward and every gradient equal those
+    of ``forgetting_attention`` on the whole sequence (up to the order of floating-point sums). Every rank
+    must call it with the same shapes and arguments.
+
+    ``sm_scale``, ``adaptive_threshold``, ``window_size`` and ``options`` are those of
+    ``forgetting_attention`` (a threshold tensor broadcasts to (B, H)). Left padding (``seq_start``) and
+    packed batches (``cu_seqlens``) are not taken: separate packed documents by gates of exactly 0
+    (log gate -inf), which the kernel computes exactly.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("log_fgate", log_fgate)):
+        checks.require_tensor(name, x)
+        checks.require_rank(name, x, 3 if name == "log_fgate" else 4, "(B, T, H)" if name == "log_fgate"
+                            else "(B, T, H, D)")
+    world, _ = _world(group)
+    B, T, H, D = q.shape
+    if k.shape[:2] != (B, T) or v.shape != k.shape or k.shape[-1] != D:
+        raise ValueError(f"k and v must have shape ({B}, {T}, Hkv, {D}) like q's shard, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if tuple(log_fgate.shape) != (B, T, H):
+        raise ValueError(f"log_fgate must have shape {(B, T, H)} (B, T, H), got {tuple(log_fgate.shape)}")
+    if log_fgate.dtype != torch.float32:
+        raise TypeError(f"log_fgate must be float32, got {log_fgate.dtype}")
+    checks.require_qkv_dtype(q, k, v)
+    if T % 2:
+        raise ValueError(f"a rank's shard holds two chunks of equal length: its length must be even, got {T}")
+    if H % k.shape[2]:
+        raise ValueError(f"q's {H} heads must be a multiple of k/v's heads, got Hkv={k.shape[2]}")
+    window = checks.check_window_size(window_size, T * world)
+    sm_scale = float(D**-0.5 if sm_scale is None else sm_scale)
+    threshold, auto_log_eps = None, None
+    if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
+        auto_log_eps = DEFAULT_LOG_TOLERANCE
+    elif isinstance(adaptive_threshold, AutoThreshold):
+        auto_log_eps = float(adaptive_threshold.log_pruning_tolerance)
+    elif adaptive_threshold is not None:
+        threshold = _threshold_tensor(adaptive_threshold, q, k, sm_scale, None)
+    key = _options_key(options)
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    return _ContextParallelAttention.apply(q, k, v, log_fgate.contiguous(), group, sm_scale, threshold, auto_log_eps,
+                                           window, key)
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """What a layer needs to run on its rank's zigzag shard of a sequence split across ``group``.
+
+    Called like ``forgetting_attention`` (q, k, v, log_fgate and its keywords), it runs
+    ``context_parallel_forgetting_attention``; a layer also asks it for the global positions of its tokens
+    (RoPE) and the previous token of each of them (a token shift), which crosses shard edges."""
+
+    group: dist.ProcessGroup | None = None
+
+    @property
+    def world_size(self) -> int:
+        return _world(self.group)[0]
+
+    @property
+    def rank(self) -> int:
+        return _world(self.group)[1]
+
+    def __call__(self, q, k, v, log_fgate, *, seq_start=None, cu_seqlens=None, sm_scale=None,
+                 adaptive_threshold=None, window_size=None, options=None):
+        if seq_start is not None or cu_seqlens is not None:
+            raise ValueError("context parallelism takes neither seq_start nor cu_seqlens: separate packed "
+                             "documents by gates of exactly 0")
+        return context_parallel_forgetting_attention(q, k, v, log_fgate, self.group, sm_scale=sm_scale,
+                                                     adaptive_threshold=adaptive_threshold,
+                                                     window_size=window_size, options=options)
+
+    def positions(self, T_local: int, device=None) -> torch.Tensor:
+        """(T_local,) int64: the global position of each of this rank's tokens."""
+        C = T_local // 2
+        first, second = zigzag_chunks(self.world_size, self.rank)
+        local = torch.arange(C, device=device)
+        return torch.cat([local + first * C, local + second * C])
+
+    def previous_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 2, C): the token before each of this rank's two chunks (zero before the sequence's first),
+        from the last tokens of every rank's chunks (one small all-gather, with gradients), for x (B, T_local,
+        C) laid out as ``shard_sequence`` makes it."""
+        world, rank = self.world_size, self.rank
+        half = x.shape[1] // 2
+        lasts = torch.stack([x[:, half - 1], x[:, -1]], dim=1)  # (B, 2, C): the last token of each local chunk
+        every = gather_sequence(lasts, self.group)  # (B, 2N, C): chunk g's last token at index g
+        zero = torch.zeros_like(every[:, :1])
+        before = torch.cat([zero, every[:, :-1]], dim=1)  # index g: the token before chunk g
+        first, second = zigzag_chunks(world, rank)
+        return before[:, [first, second]]

@@ -1,0 +1,107 @@
+"""Context-parallel Forgetting Attention across real processes (gloo, CPU, float64) against the
+single-process call on the whole sequence: the output and every gradient, world sizes 2 and 3, GQA, odd
+chunk lengths and head dims, a sliding window, pruning thresholds; the zigzag layout and its inverse, and
+the token before each chunk (a token shift's halo) with its gradient."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fox_kernel import forgetting_attention
+from fox_kernel.context_parallel import (
+    ContextParallel,
+    context_parallel_forgetting_attention,
+    shard_sequence,
+    unshard_sequence,
+)
+from fox_kernel.testing import random_log_fgate, run_ranks
+
+CASES = [  # B, chunk, H, Hkv, D, keywords
+    (2, 7, 3, 1, 12, {}),
+    (1, 5, 4, 2, 16, {"window_size": 9}),
+    (2, 4, 2, 2, 8, {"adaptive_threshold": -3.0}),
+    (1, 6, 2, 1, 8, {"adaptive_threshold": "auto", "sm_scale": 0.3}),
+]
+
+
+def _inputs(B, T, H, Hkv, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, T, Hkv, D, generator=g, dtype=torch.float64)
+    v = torch.randn(B, T, Hkv, D, generator=g, dtype=torch.float64)
+    lf = random_log_fgate((B, T, H), generator=g)
+    return q, k, v, lf
+
+
+def _check_attention(world, rank):
+    for seed, (B, chunk, H, Hkv, D, kw) in enumerate(CASES):
+        T = 2 * world * chunk
+        full = [x.requires_grad_() for x in _inputs(B, T, H, Hkv, D, seed)]
+        out = forgetting_attention(*full, **kw)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + seed), dtype=out.dtype)
+        grads = torch.autograd.grad(out, full, dout)
+
+        local = [shard_sequence(x.detach(), world, rank).requires_grad_() for x in full]
+        local_out = context_parallel_forgetting_attention(*local, **kw)
+        local_grads = torch.autograd.grad(local_out, local, shard_sequence(dout, world, rank))
+        case = f"case {seed} ({B=}, {T=}, {H=}, {Hkv=}, {D=}, {kw}) rank {rank}/{world}"
+        torch.testing.assert_close(local_out, shard_sequence(out, world, rank), rtol=1e-10, atol=1e-12, msg=case)
+        for name, a, e in zip(("dq", "dk", "dv", "dlog_fgate"), local_grads, grads):
+            # the gates are float32, and so is their gradient: the sums over chunks and ranks round in float32
+            tol = {"rtol": 1e-5, "atol": 1e-6} if e.dtype == torch.float32 else {"rtol": 1e-10, "atol": 1e-12}
+            torch.testing.assert_close(a, shard_sequence(e, world, rank), **tol, msg=f"{name}: {case}")
+
+
+def _check_layout_and_halo(world, rank):
+    x = torch.randn(2, 4 * world, 3, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    local = shard_sequence(x, world, rank)
+    torch.testing.assert_close(unshard_sequence(local), x, rtol=0, atol=0)
+    cp = ContextParallel()
+    positions = cp.positions(local.shape[1])
+    torch.testing.assert_close(local, x[:, positions], rtol=0, atol=0)
+    # previous_tokens against the whole sequence shifted by one (zero first), values and gradients
+    leaf = local.clone().requires_grad_()
+    before = cp.previous_tokens(leaf)
+    shifted = torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+    chunk = local.shape[1] // 2
+    torch.testing.assert_close(before, shifted[:, positions[[0, chunk]]], rtol=0, atol=0)
+    w = torch.randn(2, 2 * world, 3, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    (before * w[:, [rank, 2 * world - 1 - rank]]).sum().backward()
+    # the token at global position p feeds the halo of chunk p // chunk + 1 when it is that chunk's last
+    expected = torch.zeros_like(x)
+    for g in range(2 * world - 1):
+        expected[:, (g + 1) * chunk - 1] = w[:, g + 1]
+    torch.testing.assert_close(leaf.grad, shard_sequence(expected, world, rank), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_context_parallel_equals_one_process(world):
+    run_ranks(__file__, world)
+
+
+def test_shard_sequence_refuses_lengths_that_do_not_split():
+    with pytest.raises(ValueError, match="multiple of 2 \\* world_size = 4"):
+        shard_sequence(torch.zeros(1, 6, 2), 2, 0)
+    with pytest.raises(ValueError, match="rank must lie in \\[0, 2\\)"):
+        shard_sequence(torch.zeros(1, 8, 2), 2, 2)
+
+
+def test_needs_an_initialised_process_group():
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(RuntimeError, match="torch.distributed initialised"):
+        context_parallel_forgetting_attention(q, q, q, torch.zeros(1, 4, 2))
+
+
+if __name__ == "__main__":  # one rank of test_context_parallel_equals_one_process
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    try:
+        _check_attention(dist.get_world_size(), dist.get_rank())
+        _check_layout_and_halo(dist.get_world_size(), dist.get_rank())
+    finally:
+        dist.destroy_process_group()
+    sys.exit(0)
