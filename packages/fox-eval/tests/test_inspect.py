@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import fox_models
+from fox_eval import inspect_cmd
 from fox_eval.cli import main
 from fox_models import inspect as fi
 
@@ -81,3 +82,52 @@ def test_models_without_forget_gate_say_so(tmp_path, capsys):
     (tmp_path / "x.txt").write_text("hello world " * 10)
     main(["inspect", "--model", str(tmp_path / "t"), "--text", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o")])
     assert "has no forget gate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("T", [300, 512, 755, 1100, 1537])
+def test_maps_are_drawn_at_the_scale_of_T(tmp_path, T):
+    """Pixels land at the tokens they average, and both axes span tokens 0..T (T not a multiple of 512 too)."""
+    points = [(T - 1, 0), (T - 1, T - 1), (T // 3, T // 5), (T // 2, 7)]
+    m = torch.zeros(T, T)
+    for i, j in points:
+        m[i, j] = 1.0
+    img, f = inspect_cmd._downsample(m)
+    assert f == -(-T // 512) and img.shape == (-(-T // f),) * 2
+    assert (img.shape[0] - 1) * f < T <= img.shape[0] * f  # the last tile row holds query T - 1, no tile lies past it
+    expected = {(i // f, j // f) for i, j in points}
+    assert {tuple(int(x) for x in rc) for rc in zip(*img.nonzero())} == expected
+    for i, j in points:  # a tile's mean counts only the entries inside the matrix
+        rows = min(f, T - (i // f) * f)
+        cols = min(f, T - (j // f) * f)
+        assert img[i // f, j // f] == pytest.approx(sum(1 for p in points if (p[0] // f, p[1] // f) == (i // f, j // f))
+                                                     / (rows * cols))
+    fig = inspect_cmd.matrix_figure(m, m, tmp_path / "m.png", "t")
+    for ax in fig.axes[:2]:
+        left, right, bottom, top = ax.images[0].get_extent()
+        assert (left, top) == (0, 0) and right == bottom == img.shape[0] * f
+        assert ax.get_xlim() == (0, T) and ax.get_ylim() == (T, 0)
+
+
+def _inside(fig):
+    """Every axes' drawn artists (title, axis labels, tick labels; the colorbar's label) lie inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)  # the figure comes back closed; draw it again as savefig did
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box = fig.bbox
+    for ax in fig.axes:
+        e = ax.get_tightbbox(renderer)
+        assert box.x0 - 1 <= e.x0 and e.x1 <= box.x1 + 1 and box.y0 - 1 <= e.y0 and e.y1 <= box.y1 + 1, ax
+
+
+@pytest.mark.parametrize("layers,heads", [(1, 1), (2, 2), (3, 2), (24, 12)])
+def test_decay_heatmap_labels_fit_and_ticks_are_whole(tmp_path, layers, heads):
+    stats = [[{"decay_time": 10.0 ** ((li * heads + h) % 5)} for h in range(heads)] for li in range(layers)]
+    fig = inspect_cmd.decay_heatmap(stats, tmp_path / "d.png", "decay time -1/mean(log f) per head\n(755 tokens)")
+    ax = fig.axes[0]
+    for ticks, n in ((ax.get_xticks(), heads), (ax.get_yticks(), layers)):
+        shown = [t for t in ticks if -0.5 <= t <= n - 0.5]
+        assert shown and all(float(t).is_integer() for t in shown), ticks
+    assert fig.axes[1].get_ylabel() == "decay time (tokens)"  # the colorbar
+    _inside(fig)  # titles, axis labels, tick labels and the colorbar's label all lie inside the figure
