@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache, pruning
+from fox_kernel.context_parallel import ContextParallel
 from fox_kernel.ops import checks
 from fox_layers.kernels import owned
 from fox_layers.norms import GroupRMSNorm
@@ -194,6 +195,12 @@ class ForgettingAttentionLayer(nn.Module):
     with ``linear`` and ``shift_proj``), o_proj, fgate_proj, ogate_proj, output_norm, q_norm, k_norm.
     """
 
+    attention_kernel = staticmethod(forgetting_attention)
+    """The kernel call, ``forgetting_attention``'s signature. Replaced from outside per instance, e.g. by a
+    ``fox_kernel.context_parallel.ContextParallel``, which makes the layer run on its rank's zigzag shard of
+    a sequence split across a process group (the token shift then takes the previous shard's last token and
+    RoPE the tokens' global positions)."""
+
     fuse_input_projections: bool = True
     """Project the input with one matmul against the concatenated q/k/v/gate weights (the parameters stay
     separate, as in the checkpoints). Set per instance or per subclass to use one matmul per module."""
@@ -311,8 +318,18 @@ class ForgettingAttentionLayer(nn.Module):
             return torch.zeros(B, T, self.num_heads, dtype=torch.float32, device=x.device)
         return F.logsigmoid(self.fgate_bias.float()).expand(B, T, self.num_heads)
 
+    @property
+    def context_parallel(self) -> ContextParallel | None:
+        """The ``ContextParallel`` the layer's kernel call was replaced with, or None."""
+        kernel = self.attention_kernel
+        return kernel if isinstance(kernel, ContextParallel) else None
+
     def _positions(self, B, T, past, seq_start, cu_seqlens, device):
-        """RoPE positions (B, T); ``past`` is an int, or a (B, 1) tensor of cached lengths (static cache)."""
+        """RoPE positions (B, T); ``past`` is an int, or a (B, 1) tensor of cached lengths (static cache).
+        Under context parallelism, the global positions of the rank's tokens."""
+        cp = self.context_parallel
+        if cp is not None:
+            return cp.positions(T, device)[None].expand(B, T)
         pos = (torch.arange(T, device=device)[None, :] + past).expand(B, T)
         if seq_start is not None:
             pos = (pos - seq_start[:, None]).clamp_min(0)
@@ -394,11 +411,11 @@ class ForgettingAttentionLayer(nn.Module):
         y = self._input_projections(x, with_ogate)
         k, k_shift = y["k"], None
         if "k_shift" in y:
-            k, k_shift = self.k_proj.mix(k, y["k_shift"], k_state, seq_start, cu_seqlens, past)
+            k, k_shift = self._mix(self.k_proj, k, y["k_shift"], k_state, seq_start, cu_seqlens, past)
             k_shift = y["k"] if whole_chunk_states else k_shift
         v, v_shift = y["v"], None
         if "v_shift" in y:
-            v, v_shift = self.v_proj.mix(v, y["v_shift"], v_state, seq_start, cu_seqlens, past)
+            v, v_shift = self._mix(self.v_proj, v, y["v_shift"], v_state, seq_start, cu_seqlens, past)
             v_shift = y["v"] if whole_chunk_states else v_shift
         q = y["q"]
         if self.qk_norm:
@@ -411,6 +428,18 @@ class ForgettingAttentionLayer(nn.Module):
             q, k = apply_rope(q, pos, self.rope_base), apply_rope(k, pos, self.rope_base)
         log_fgate = F.logsigmoid(y["f"].float()) if "f" in y else self.log_fgate(x)
         return q, k, v, log_fgate, k_shift, v_shift, y.get("g")
+
+    def _mix(self, proj: ShiftLinear, cur, s, state, seq_start, cu_seqlens, past):
+        """``proj.mix``; under context parallelism each of the rank's two chunks starts from the token
+        before it, which another rank may hold (``ContextParallel.previous_tokens``)."""
+        cp = self.context_parallel
+        if cp is None:
+            return proj.mix(cur, s, state, seq_start, cu_seqlens, past)
+        before = cp.previous_tokens(cur)
+        half = cur.shape[1] // 2
+        parts = [proj.mix(cur[:, rows], s[:, rows], before[:, i])[0]
+                 for i, rows in enumerate((slice(0, half), slice(half, None)))]
+        return torch.cat(parts, dim=1), cur[:, -1]
 
     def forward(
         self,
@@ -432,6 +461,10 @@ class ForgettingAttentionLayer(nn.Module):
         B, T, _ = x.shape
         if cu_seqlens is not None and state is not None:
             raise ValueError("cu_seqlens (packed training batches) cannot be combined with a decoding state")
+        cp = self.context_parallel
+        if cp is not None and (state is not None or seq_start is not None or output_attentions):
+            raise ValueError("a context-parallel layer takes whole sequences split across ranks: no decoding state, "
+                             "seq_start (padding) or output_attentions")
         past = 0 if state is None else state.length
         if state is not None and state.seq_start is None and seq_start is not None:
             state.seq_start = seq_start
@@ -463,9 +496,10 @@ class ForgettingAttentionLayer(nn.Module):
             self._drop_outside_window(state)
             return self._output(o.reshape(B, T, self.hidden_size).to(dtype), x, g), state, weights
         if state is None or past == 0:
-            o = forgetting_attention(
+            T_k = T if cp is None else T * cp.world_size
+            o = self.attention_kernel(
                 q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
-                adaptive_threshold=self.pruning_threshold(T), window_size=self.window_size,
+                adaptive_threshold=self.pruning_threshold(T_k), window_size=self.window_size,
             )
         if state is not None:
             state.append(k, v, log_fgate, k_shift, v_shift)
