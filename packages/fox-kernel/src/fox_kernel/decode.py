@@ -11,6 +11,18 @@ indices, filled by ``append_to_paged_cache``. On CUDA
 (and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton/decode.py``); otherwise a
 PyTorch implementation, chunked over queries so a long chunked prefill never holds more than
 (B, H, chunk, T) scores.
+
+Precision: the cached prefix sums ``c`` are float32 on every path. They are summed in float64 and
+rounded once when stored, so float64 q/k/v (which run the PyTorch path in float64) get the decay term
+``c_i - c_j`` to float32 accuracy (a relative 6e-8 of |c|), not float64's.
+
+Indices: lengths, starts and page indices are checked for CPU tensors (reading a CUDA tensor waits for
+the GPU). On CUDA nothing reads or writes outside the caches whatever they hold: a write to a page outside
+the pool (or past a row's table) lands nowhere, and decoding clamps such indices into the buffers and
+returns NaN for the rows they touch (never another row's keys or a crash).
+
+Log gates must be <= 0 (forget gates in [0, 1]) and not -inf; both are refused where the gates are read
+(CPU tensors, and CUDA ones with ``KernelOptions.check_gates``).
 """
 
 from __future__ import annotations
@@ -37,15 +49,62 @@ def append_to_cache(
     """Append new tokens: k_new, v_new (B, Tn, Hkv, D), log_fgate_new (B, Tn, H) float32.
 
     The new prefix sums continue from the last cached one; gates of positions before ``seq_start``
-    (left padding, counted in cache positions) do not count. Returns the three grown tensors.
+    (left padding, counted in cache positions) do not count. Returns the three grown tensors. The caches
+    are all None (the first call) or all tensors, (B, T, Hkv, D) twice and (B, T, H) float32.
     """
-    past = 0 if k_cache is None else k_cache.shape[1]
-    pos = torch.arange(past, past + log_fgate_new.shape[1], device=log_fgate_new.device)[None, :]
+    B, Tn, Hkv, D, H = _check_new_tokens(k_new, v_new, log_fgate_new)
+    if (k_cache is None) != (v_cache is None) or (k_cache is None) != (c_cache is None):
+        raise ValueError("k_cache, v_cache and c_cache must all be None (an empty cache) or all tensors, got "
+                         + ", ".join(f"{n} {'None' if x is None else 'a tensor'}"
+                                     for n, x in (("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache))))
+    past = 0
+    if k_cache is not None:
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
+            checks.require_tensor(name, x)
+        checks.require_same_device(k_new.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache)
+        checks.require_rank("k_cache", k_cache, 4, "(B, T, Hkv, D)")
+        past = k_cache.shape[1]
+        for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+            checks.require_float_dtype(name, x)
+            if tuple(x.shape) != (B, past, Hkv, D):
+                raise ValueError(f"{name} must have shape {(B, past, Hkv, D)} (k_new's batch, heads and head dim), "
+                                 f"got {tuple(x.shape)}")
+        if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (B, past, H):
+            raise ValueError(f"c_cache must be float32 of shape {(B, past, H)}, got {c_cache.dtype} "
+                             f"{tuple(c_cache.shape)}")
+    if seq_start is not None:
+        checks.require_same_device(k_new.device, seq_start=seq_start)
+        checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
+    pos = torch.arange(past, past + Tn, device=log_fgate_new.device)[None, :]
     c_last = c_cache[:, -1] if c_cache is not None and past > 0 else None
     c_new = _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last)
     if k_cache is None:
         return k_new, v_new, c_new
-    return (torch.cat([k_cache, k_new], dim=1), torch.cat([v_cache, v_new], dim=1), torch.cat([c_cache, c_new], dim=1))
+    return (torch.cat([k_cache, k_new.to(k_cache.dtype)], dim=1), torch.cat([v_cache, v_new.to(v_cache.dtype)], dim=1),
+            torch.cat([c_cache, c_new], dim=1))
+
+
+def _check_new_tokens(k_new, v_new, log_fgate_new) -> tuple[int, int, int, int, int]:
+    """Shapes and dtypes of the tokens to append; returns (B, Tn, Hkv, D, H)."""
+    for name, x in (("k_new", k_new), ("v_new", v_new), ("log_fgate_new", log_fgate_new)):
+        checks.require_tensor(name, x)
+    checks.require_rank("k_new", k_new, 4, "(B, Tn, Hkv, D)")
+    checks.require_rank("log_fgate_new", log_fgate_new, 3, "(B, Tn, H)")
+    checks.require_same_device(k_new.device, v_new=v_new, log_fgate_new=log_fgate_new)
+    checks.require_float_dtype("k_new", k_new)
+    checks.require_float_dtype("v_new", v_new)
+    if log_fgate_new.dtype != torch.float32:
+        raise TypeError(f"log_fgate_new must be float32, got {log_fgate_new.dtype}")
+    if tuple(v_new.shape) != tuple(k_new.shape):
+        raise ValueError(f"v_new must have k_new's shape {tuple(k_new.shape)}, got {tuple(v_new.shape)}")
+    B, Tn, Hkv, D = k_new.shape
+    H = log_fgate_new.shape[2]
+    if tuple(log_fgate_new.shape[:2]) != (B, Tn):
+        raise ValueError(f"log_fgate_new must have k_new's (B, Tn) = {(B, Tn)} (one gate per new token), got "
+                         f"{tuple(log_fgate_new.shape[:2])}")
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(f"log_fgate_new's {H} heads must be a multiple of k_new's heads, got Hkv={Hkv}")
+    return B, Tn, Hkv, D, H
 
 
 def _check_gates() -> bool:
@@ -62,7 +121,10 @@ def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
     g = log_fgate_new
     if seq_start is not None:
         g = torch.where((pos >= seq_start[:, None].long())[..., None], g, torch.zeros_like(g))
-    checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES, _check_gates())
+    # one read of the gates (one wait on CUDA with check_gates) for both refusals
+    if checks.gates_checkable(g, _check_gates()) and g.numel() and bool(((g > 0) | torch.isneginf(g)).any()):
+        checks.check_no_zero_gates("log_fgate_new", g, _NO_ZERO_GATES, True)
+        checks.check_log_gates_at_most_zero("log_fgate_new", g, True)
     # scanned along the last, contiguous dim: PyTorch's CUDA scan along dim 1 of a (B, T, H) tensor is about
     # 100x slower (2.9 ms for T = 16k, H = 12 on an H100, most of a 16k-token prefill into a cache)
     c_new = torch.cumsum(g.double().transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
@@ -89,28 +151,88 @@ def append_to_paged_cache(
     k_new, v_new (B, Tn, Hkv, D); log_fgate_new (B, Tn, H) float32.
 
     No host synchronisation on CUDA tensors (a decoding step that uses it can be captured in a CUDA graph):
-    the capacity is checked only for CPU tensors (``checks.values_checkable``). A contiguous cache
-    (B, capacity, ...) is the paged one with one page per row: ``block_table = arange(B)[:, None]``.
+    the capacity, ``cache_seqlens >= 0`` and the page indices the write and the row's earlier tokens use
+    (in [0, num_pages)) are checked only for CPU tensors (``checks.values_checkable``). Elsewhere a token
+    whose page lies outside the pool, or past the row's table, is not written anywhere (``_write_where_ok``)
+    and decoding returns NaN for that row. A contiguous cache (B, capacity, ...) is the paged one with one
+    page per row: ``block_table = arange(B)[:, None]``.
     """
-    B, Tn = k_new.shape[:2]
-    page_size = k_cache.shape[1]
+    B, Tn, Hkv, D, H = _check_new_tokens(k_new, v_new, log_fgate_new)
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache), ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens)):
+        checks.require_tensor(name, x)
+    checks.require_same_device(k_new.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache,
+                               block_table=block_table, cache_seqlens=cache_seqlens, seq_start=seq_start)
+    checks.require_rank("k_cache", k_cache, 4, "(num_pages, page_size, Hkv, D)")
+    num_pages, page_size = k_cache.shape[:2]
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.require_float_dtype(name, x)
+        if tuple(x.shape) != (num_pages, page_size, Hkv, D):
+            raise ValueError(f"{name} must have shape {(num_pages, page_size, Hkv, D)} (k_new's heads and head dim), "
+                             f"got {tuple(x.shape)}")
+    if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (num_pages, page_size, H):
+        raise ValueError(f"c_cache must be float32 of shape {(num_pages, page_size, H)}, got {c_cache.dtype} "
+                         f"{tuple(c_cache.shape)}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must be int32 of shape ({B}, pages per row), got {block_table.dtype} "
+                         f"{tuple(block_table.shape)}")
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (B,):
+        raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} "
+                         f"{tuple(cache_seqlens.shape)}")
+    if seq_start is not None:
+        checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
+    P = block_table.shape[1]
+    capacity = P * page_size
     lens = cache_seqlens.long()
     pos = lens[:, None] + torch.arange(Tn, device=k_new.device)[None, :]  # (B, Tn)
-    capacity = block_table.shape[1] * page_size
-    if pos.numel() and checks.values_checkable(pos) and int(pos.max()) >= capacity:
-        raise ValueError(f"block_table holds {capacity} tokens per row; appending {Tn} to lengths "
-                         f"{cache_seqlens.tolist()} does not fit")
-    page = torch.gather(block_table.long(), 1, pos // page_size)
+    if checks.values_checkable(pos) and B:
+        if int(lens.min()) < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens.tolist()}")
+        if pos.numel() and int(pos.max()) >= capacity:
+            raise ValueError(f"block_table holds {capacity} tokens per row; appending {Tn} to lengths "
+                             f"{cache_seqlens.tolist()} does not fit")
+        checks.check_block_table(block_table, num_pages, page_size, lens + Tn)
+    table = block_table.long()
+    col = pos // page_size
+    page = torch.gather(table, 1, col.clamp(0, max(P - 1, 0))) if P else torch.zeros_like(pos)
+    ok = (pos >= 0) & (col < P) & (page >= 0) & (page < num_pages)
     slot = pos % page_size
+    page = page.clamp(0, max(num_pages - 1, 0))
     last = (lens - 1).clamp_min(0)  # the row's last cached position (rows still empty continue from 0)
-    prev_page = torch.gather(block_table.long(), 1, (last // page_size)[:, None])[:, 0]
+    prev_col = (last // page_size).clamp_max(max(P - 1, 0))[:, None]
+    prev_page = (torch.gather(table, 1, prev_col)[:, 0] if P else lens).clamp(0, max(num_pages - 1, 0))
     c_last = c_cache[prev_page, last % page_size]
     c_last = torch.where((lens > 0)[:, None], c_last, torch.zeros_like(c_last))
     c_new = _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last)
-    k_cache[page, slot] = k_new.to(k_cache.dtype)
-    v_cache[page, slot] = v_new.to(v_cache.dtype)
-    c_cache[page, slot] = c_new
+    if checks.values_checkable(pos):  # every write checked above
+        for cache, new in ((k_cache, k_new), (v_cache, v_new), (c_cache, c_new)):
+            cache[page, slot] = new.to(cache.dtype)
+    else:
+        _write_where_ok(((k_cache, k_new), (v_cache, v_new), (c_cache, c_new)), page, slot, ok)
     return (cache_seqlens + Tn).to(torch.int32)
+
+
+def _write_where_ok(pairs, page, slot, ok) -> None:
+    """``cache[page, slot] = new`` for the (B, Tn) positions where ``ok``, without reading ``ok`` on the host.
+    A position outside the pool (a page index outside [0, num_pages), a position past the table or before
+    0; ``page`` already clamped into the pool) writes instead what the first ok position writes, to the
+    same place, or, when no position is ok, the first position's cached value back where it is: the index
+    write then changes only the ok places, with no duplicate index of differing values. The decoding
+    kernels return NaN for the rows that use such a page."""
+    n = ok.numel()
+    if n == 0:
+        return
+    flat_ok = ok.reshape(n)
+    first = torch.argmax(flat_ok.to(torch.uint8))  # the first ok position (0 when none is)
+    any_ok = flat_ok.any()
+    page_f, slot_f = page.reshape(n), slot.reshape(n)
+    page_t = torch.where(flat_ok, page_f, page_f[first])
+    slot_t = torch.where(flat_ok, slot_f, slot_f[first])
+    for cache, new in pairs:
+        new = new.reshape(n, *new.shape[2:]).to(cache.dtype)
+        fill = torch.where(any_ok, new[first], cache[page_f[first], slot_f[first]])
+        keep = flat_ok.reshape(n, *([1] * (new.dim() - 1)))
+        cache[page_t, slot_t] = torch.where(keep, new, fill)
 
 
 def fill_empty_cache(
@@ -178,9 +300,16 @@ def _check_cache_values(c_cache, lens, seq_start, Tq, T):
         checks.refuse_zero_gate("c_cache", at, _NO_ZERO_GATES)
 
 
-def _gather_pages(x: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """(num_pages, page_size, ...) pages -> (B, pages per row * page_size, ...) in row order."""
-    pages = x[block_table.long()]  # (B, P, page_size, ...)
+def _gather_pages(x: torch.Tensor, block_table: torch.Tensor, flag: bool = False) -> torch.Tensor:
+    """(num_pages, page_size, ...) pages -> (B, pages per row * page_size, ...) in row order. Page indices
+    outside the pool are clamped into it (entries past a row's length are never read and may hold
+    anything); with ``flag`` such pages read NaN, so a row that uses one returns NaN."""
+    n = x.shape[0]
+    table = block_table.long()
+    pages = x[table.clamp(0, max(n - 1, 0))]  # (B, P, page_size, ...)
+    if flag:
+        outside = ((table < 0) | (table >= n)).reshape(*table.shape, *([1] * (x.dim() - 1)))
+        pages = pages.masked_fill(outside, float("nan"))
     return pages.reshape(pages.shape[0], -1, *x.shape[2:])
 
 
@@ -216,11 +345,18 @@ def forgetting_attention_with_kvcache(
     ``seq_start`` (B,) counts in cache positions and may exceed the cached length (a row that is all
     padding so far, in a chunked prefill of left-padded prompts: its rows return 0).
 
+    ``sm_scale``: a finite positive number (default ``D ** -0.5``). q and the K/V caches hold float16,
+    bfloat16, float32 or float64 (integers are refused, not cast); float64 runs the PyTorch path, with
+    the prefix sums at float32 accuracy (the cache's).
+
     Checks: shapes, dtypes and devices always (the caches must have q's batch: no broadcasting). Values
     only for CPU tensors, as reading a CUDA tensor waits for the GPU: ``cache_seqlens`` in [Tq, T],
-    ``seq_start >= 0``, the threshold, and no -inf in the valid prefix sums (a gate of exactly 0, which
-    a cache of prefix sums cannot represent; ``append_to_cache`` refuses it too). NaN prefix sums give
-    NaN rows, never zeros.
+    ``seq_start >= 0``, the page indices each row's tokens use in [0, num_pages) (entries past a row's
+    length are never read), the threshold, and no -inf in the valid prefix sums (a gate of exactly 0,
+    which a cache of prefix sums cannot represent; ``append_to_cache`` refuses it too). NaN prefix sums
+    give NaN rows, never zeros. On CUDA, out-of-range values are not read on the host: lengths past the
+    cache and page indices outside the pool give NaN rows (the kernel reads only inside the buffers),
+    negative starts count as 0, and query rows before position 0 (a length below Tq) return 0.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
         checks.require_tensor(name, x)
@@ -230,6 +366,8 @@ def forgetting_attention_with_kvcache(
     checks.require_rank("v_cache", v_cache, 4, layout)
     checks.require_same_device(q.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache,
                                cache_seqlens=cache_seqlens, seq_start=seq_start, block_table=block_table)
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.require_float_dtype(name, x)
     B, Tq, H, D = q.shape
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
@@ -249,10 +387,14 @@ def forgetting_attention_with_kvcache(
         if c_cache.shape[:2] != k_cache.shape[:2] or v_cache.shape != k_cache.shape:
             raise ValueError(f"paged caches must share (num_pages, page_size): k {tuple(k_cache.shape)}, "
                              f"v {tuple(v_cache.shape)}, c {tuple(c_cache.shape)}")
+        if cache_seqlens.dtype == torch.int32 and tuple(cache_seqlens.shape) == (B,):
+            used = cache_seqlens.clamp(0, k_cache.shape[1] * block_table.shape[1])
+            checks.check_block_table(block_table, k_cache.shape[0], k_cache.shape[1], used)
         paged = block_table
         # the checks below and the CPU path see the rows as contiguous caches
         if not (dispatch.runs_triton(q) and q.dtype != torch.float64):
-            k_cache, v_cache, c_cache = (_gather_pages(x, block_table) for x in (k_cache, v_cache, c_cache))
+            k_cache, v_cache = (_gather_pages(x, block_table) for x in (k_cache, v_cache))
+            c_cache = _gather_pages(c_cache, block_table, flag=True)
             paged = None
     T = k_cache.shape[1] * (paged.shape[1] if paged is not None else 1)
     Hkv = k_cache.shape[2]
@@ -269,7 +411,7 @@ def forgetting_attention_with_kvcache(
     _check_cache_values(None if paged is not None else c_cache, cache_seqlens, seq_start, Tq, T)
     thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
     window = checks.check_window_size(window_size, T)
-    scale = D**-0.5 if sm_scale is None else sm_scale
+    scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     if dispatch.runs_triton(q) and q.dtype != torch.float64:
         from fox_kernel.ops.triton.decode import decode
 
@@ -288,6 +430,9 @@ def forgetting_attention_with_kvcache(
     out = torch.empty(B, H, Tq, D, dtype=acc, device=q.device)
     pos_k = torch.arange(T, device=q.device)
     lens = torch.full((B,), T, device=q.device) if cache_seqlens is None else cache_seqlens.to(q.device).long()
+    # lengths past the cache (checked on the CPU only) are clamped to it and their rows returned as NaN
+    too_long = lens > T
+    lens = lens.clamp_max(T)
     rows = max(1, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * T)))
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
@@ -305,4 +450,5 @@ def forgetting_attention_with_kvcache(
         # rows with no visible key (padding) give 0; a NaN elsewhere (NaN prefix sums) stays NaN
         p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
         out[:, :, start:end] = torch.matmul(p, vh)
+    out = out.masked_fill(too_long[:, None, None, None], float("nan"))
     return out.permute(0, 2, 1, 3).to(q.dtype)

@@ -14,6 +14,8 @@ from typing import NoReturn
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DECODE_DTYPES = (*FLOAT_DTYPES, torch.float64)
+"""The dtypes of queries and K/V caches of the decoding calls (float64 runs the PyTorch path on every device)."""
 
 
 def require_tensor(name: str, x) -> None:
@@ -40,6 +42,27 @@ def require_qkv_dtype(q, k, v) -> None:
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def require_float_dtype(name: str, x: torch.Tensor, allowed=DECODE_DTYPES) -> None:
+    """``x`` holds floating-point numbers of one of ``allowed``: an integer cache or query would otherwise
+    be cast silently (and an integer output truncated)."""
+    if x.dtype not in allowed:
+        names = ", ".join(_dtype_name(d) for d in allowed)
+        raise TypeError(f"{name} must be one of {names}, got {_dtype_name(x.dtype)}")
+
+
+def check_sm_scale(sm_scale) -> float:
+    """The score scale as a float: a finite positive number (inf gives exact-zero rows, NaN NaN rows, and
+    0 or less turns the attention uniform or inverted)."""
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+            or sm_scale <= 0:
+        raise ValueError(f"sm_scale must be None or a finite positive number, got {sm_scale!r}")
+    return float(sm_scale)
 
 
 def require_dim(name: str, actual: int, expected: int, what: str) -> None:
@@ -120,6 +143,40 @@ def zero_gate_at(log_gates: torch.Tensor) -> tuple[int, int, int] | None:
     if log_gates.numel() == 0 or not zero.any():
         return None
     return tuple(int(i) for i in zero.nonzero()[0])
+
+
+def positive_gate_at(log_gates: torch.Tensor) -> tuple[int, int, int] | None:
+    """(b, t, h) of the first log gate above 0 (a forget gate above 1) in ``log_gates`` (B, T, H), or None."""
+    positive = log_gates > 0
+    if log_gates.numel() == 0 or not positive.any():
+        return None
+    return tuple(int(i) for i in positive.nonzero()[0])
+
+
+def check_log_gates_at_most_zero(name: str, log_gates: torch.Tensor, check_gates: bool = False) -> None:
+    """Refuse log gates above 0 (a forget gate above 1, prefix sums that grow) where they can be read
+    (``gates_checkable``). The Triton kernels' fixed softmax bound and their pruning of key tiles assume
+    prefix sums that never increase; with a positive gate they would return NaN or wrong rows."""
+    if gates_checkable(log_gates, check_gates) and (at := positive_gate_at(log_gates)) is not None:
+        b, t, h = at
+        raise ValueError(f"{name} must be <= 0 (the log of a forget gate in [0, 1]), got "
+                         f"{float(log_gates[b, t, h])} at (b, t, h) = ({b}, {t}, {h})")
+
+
+def check_block_table(block_table: torch.Tensor, num_pages: int, page_size: int, lens: torch.Tensor) -> None:
+    """Where its values can be read without a wait (``values_checkable``), every page index a row uses (the
+    pages holding its first ``lens[b]`` tokens, ``lens`` clamped to the table) lies in the pool
+    [0, num_pages): a page -1 would be PyTorch's last page, another row's, and a larger one memory past the
+    cache. On a device the kernels clamp such indices into the pool and return NaN for the rows that read
+    them (``decode.py``)."""
+    if not values_checkable(block_table) or block_table.numel() == 0:
+        return
+    used = torch.arange(block_table.shape[1])[None, :] * page_size < lens.long().cpu()[:, None]
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    if bad.any():
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table must hold page indices in [0, {num_pages}) (the page pool) for each "
+                         f"row's cached tokens, got {int(block_table[b, j])} at (b, j) = ({b}, {j})")
 
 
 def refuse_zero_gate(name: str, at: tuple[int, int, int], why: str) -> NoReturn:

@@ -6,6 +6,9 @@ per group. The slices' partial results (unnormalised output, running max and sum
 
 Paged caches (``block_table``): K, V and c live in pages (num_pages, page_size, ...); token j of row b is
 at page ``block_table[b, j // page_size]``, slot ``j % page_size``. Rows are then gathered per key.
+
+The kernel reads only inside its buffers whatever the lengths, starts and page indices hold: it clamps
+them and returns NaN for the rows an out-of-range value touches (``_decode_kernel``), with no host read.
 """
 
 from __future__ import annotations
@@ -19,48 +22,63 @@ from fox_kernel.ops.triton import launch
 
 
 @triton.jit
-def _cache_rows(b, kn, mask, BT, stride_btb, page_size, PAGED: tl.constexpr):
-    """(row, slot) of cache positions kn of sequence b, to be scaled by a tensor's (batch or page, time)
-    strides: (b, kn), or, paged, (BT[b, kn // page_size], kn % page_size)."""
+def _cache_rows(b, kn, mask, BT, stride_btb, page_size, num_pages, PAGED: tl.constexpr):
+    """(row, slot, bad) of cache positions kn of sequence b, to be scaled by a tensor's (batch or page, time)
+    strides: (b, kn), or, paged, (BT[b, kn // page_size], kn % page_size). ``bad``: the page index lies
+    outside the pool [0, num_pages); such positions are read from page 0 (never outside the cache) and the
+    caller flags the rows that see them."""
     if PAGED:  # one return below: the branches' types differ (Triton checks returns of both)
-        row = tl.load(BT + b * stride_btb + kn // page_size, mask=mask, other=0).to(tl.int64)
+        page = tl.load(BT + b * stride_btb + kn // page_size, mask=mask, other=0)
+        bad = (page < 0) | (page >= num_pages)
+        row = tl.where(bad, 0, page).to(tl.int64)
         slot = (kn % page_size).to(tl.int64)
     else:
         row = b
         slot = kn.to(tl.int64)
-    return row, slot
+        bad = kn < 0  # never: positions are clamped to [0, length)
+    return row, slot, bad
 
 
 @triton.jit
-def _cache_offsets(b, kn, mask, BT, stride_btb, page_size, stride_b, stride_t, PAGED: tl.constexpr):
-    """Element offsets of cache positions kn of sequence b (see _cache_rows)."""
-    row, slot = _cache_rows(b, kn, mask, BT, stride_btb, page_size, PAGED)
-    return row * stride_b + slot * stride_t
+def _cache_offsets(b, kn, mask, BT, stride_btb, page_size, num_pages, stride_b, stride_t, PAGED: tl.constexpr):
+    """(element offsets, bad) of cache positions kn of sequence b (see _cache_rows)."""
+    row, slot, bad = _cache_rows(b, kn, mask, BT, stride_btb, page_size, num_pages, PAGED)
+    return row * stride_b + slot * stride_t, bad
 
 
 @triton.jit
-def _tile_rows(b, n0, kn, mask, BT, stride_btb, page_size, PAGED: tl.constexpr, TILE_IN_PAGE: tl.constexpr):
+def _tile_rows(b, n0, kn, mask, BT, stride_btb, page_size, num_pages, PAGED: tl.constexpr,
+               TILE_IN_PAGE: tl.constexpr):
     """_cache_rows of the key tile starting at n0; with TILE_IN_PAGE (page_size a multiple of the tile,
     tiles aligned) the whole tile sits in one page: one page lookup per tile instead of one per key."""
     if PAGED and TILE_IN_PAGE:
-        row = tl.load(BT + b * stride_btb + n0 // page_size).to(tl.int64)
+        page = tl.load(BT + b * stride_btb + n0 // page_size)
+        tile_bad = (page < 0) | (page >= num_pages)
+        row = tl.where(tile_bad, 0, page).to(tl.int64)
         slot = (kn - n0 + n0 % page_size).to(tl.int64)
+        bad = (kn < 0) | tile_bad  # the tile's flag for each key
     else:
-        row, slot = _cache_rows(b, kn, mask, BT, stride_btb, page_size, PAGED)
-    return row, slot
+        row, slot, bad = _cache_rows(b, kn, mask, BT, stride_btb, page_size, num_pages, PAGED)
+    return row, slot, bad
 
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size, THRESH, H,
+    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size, num_pages, THRESH, H,
     q_strides, k_strides, v_strides, c_strides,
-    B, HKV, TQ, Q0, ROWS, D, sm_scale2, WINDOW,
+    B, HKV, TQ, Q0, ROWS, D, sm_scale2, WINDOW, TMAX,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr, HAS_THRESH: tl.constexpr,
     SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr,
 ):
     """One slice of the cache for one key/value head of one sequence, every query head of the group and
-    every new token at once: the unnormalised output, running maximum and sum, merged by _merge_kernel."""
+    every new token at once: the unnormalised output, running maximum and sum, merged by _merge_kernel.
+
+    Nothing is read outside the buffers, whatever the indices (their values are checked on the host only
+    for CPU tensors): a length is clamped to [0, TMAX] and one past TMAX turns the sequence's rows to NaN;
+    seq_start is clamped at 0 (the same keys); rows before position 0 (a length below TQ) see no key and
+    give 0; a page index outside [0, num_pages) is read as page 0 and turns the rows that see one of its
+    keys, or sit in it, to NaN (written NaN into the partial output, which the merge propagates)."""
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
     stride_vb, stride_vt, stride_vh = v_strides
@@ -70,8 +88,10 @@ def _decode_kernel(
     b = pid_bh // HKV
     hk = pid_bh % HKV
     length = tl.load(LENS + b)
+    too_long = length > TMAX
+    length = tl.minimum(tl.maximum(length, 0), TMAX)
     if HAS_SEQ_START:
-        s0 = tl.load(SEQ_START + b)
+        s0 = tl.maximum(tl.load(SEQ_START + b), 0)
     else:
         s0 = 0
     rows = tl.arange(0, BLOCK_M)
@@ -85,8 +105,11 @@ def _decode_kernel(
     bq = b.to(tl.int64)
     q = tl.load(Q + bq * stride_qb + i[:, None].to(tl.int64) * stride_qt + h[:, None] * stride_qh + offs_d[None, :],
                 mask=valid[:, None] & mask_d[None, :], other=0.0)
-    c_q = tl.load(C + _cache_offsets(bq, pos, valid, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED) + h,
-                  mask=valid, other=0.0)
+    q_live = valid & (pos >= 0)
+    c_q_off, q_bad = _cache_offsets(bq, tl.maximum(pos, 0), q_live, BT, stride_btb, page_size, num_pages,
+                                    stride_cb, stride_ct, PAGED)
+    c_q = tl.load(C + c_q_off + h, mask=q_live, other=0.0)
+    flag = (q_live & q_bad) | too_long  # rows returned as NaN
 
     # The row's live range [lo, length): left padding dropped and, with a threshold, the leading key
     # tiles whose decay puts every served row's weight under the bound (never read). The live range is
@@ -101,9 +124,11 @@ def _decode_kernel(
             tiles = lo + tl.arange(0, SCAN) * BLOCK_N
             live = tiles < length
             last = tl.minimum(tiles + BLOCK_N, length) - 1
-            c_off = _cache_offsets(bq, last, live, BT, stride_btb, page_size, stride_cb, stride_ct, PAGED)
+            c_off, last_bad = _cache_offsets(bq, last, live, BT, stride_btb, page_size, num_pages, stride_cb,
+                                             stride_ct, PAGED)
             c_last = tl.load(C + c_off[None, :] + h[:, None], mask=valid[:, None] & live[None, :], other=0.0)
             gap = tl.where(valid[:, None], c_q[:, None] - c_last - delta[:, None], float("-inf"))
+            gap = tl.where(last_bad[None, :], float("inf"), gap)  # a tile of a bad page is not skipped
             n = tl.sum((live & (tl.max(gap, 0) < 0.0)).to(tl.int32), 0)
             lo += n * BLOCK_N
             go = (n == SCAN) & (lo < length)
@@ -119,7 +144,8 @@ def _decode_kernel(
         kn = n0 + offs_n
         mask_n = kn < end
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        t_row, t_slot = _tile_rows(bq, n0, kn, mask_n, BT, stride_btb, page_size, PAGED, TILE_IN_PAGE)
+        t_row, t_slot, t_bad = _tile_rows(bq, n0, kn, mask_n, BT, stride_btb, page_size, num_pages, PAGED,
+                                          TILE_IN_PAGE)
         k = tl.load(K + (t_row * stride_kb + t_slot * stride_kt)[:, None] + hk * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
@@ -129,6 +155,8 @@ def _decode_kernel(
         keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
         if HAS_WINDOW:
             keep = keep & (kn[None, :] > pos[:, None] - WINDOW)
+        if PAGED:
+            flag = flag | (tl.max((keep & t_bad[None, :]).to(tl.int32), 1) > 0)
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.math.exp2(s - m_new[:, None])
@@ -138,6 +166,7 @@ def _decode_kernel(
                     mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    acc = tl.where(flag[:, None], float("nan"), acc)
     slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
     tl.store(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
     tl.store(M_OUT + slot + rows, m_i)
@@ -200,7 +229,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
            window: int = 0) -> torch.Tensor:
     """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
     With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...).
-    A custom op, so ``torch.compile`` (a compiled decoding step) calls the kernels as they are."""
+    A custom op, so ``torch.compile`` (a compiled decoding step) calls the kernels as they are. Values of
+    cache_seqlens, seq_start and block_table are not read on the host: out-of-range ones are clamped in
+    the kernel and their rows returned as NaN (``_decode_kernel``)."""
     B, Tq, H, D = q.shape
     Hkv = k_cache.shape[2]
     page_size = k_cache.shape[1]
@@ -221,9 +252,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
         _decode_kernel[(splits, B * Hkv)](
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
             block_table, 0 if block_table is None else block_table.stride(0),
-            page_size, threshold, H,
+            page_size, k_cache.shape[0], threshold, H,
             launch.strides(q), launch.strides(k_cache), launch.strides(v_cache), launch.strides(c_cache, 2),
-            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E.value, window,
+            B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E.value, window, Tmax,
             HAS_WINDOW=window > 0, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
             PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=launch.scan(),
             TILE_IN_PAGE=page_size % block_n == 0,
