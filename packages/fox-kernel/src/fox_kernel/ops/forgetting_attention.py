@@ -144,11 +144,17 @@ def forgetting_attention(
             A gate of exactly 0 (-inf) at t hides the keys before t from the queries at and after t, exactly,
             on every path (a document boundary in a packed row, say): the GPU kernels re-run the tiles such
             a gate touches (``ops/dispatch.py``), so calls without one cost one extra small launch per
-            pass. NaN gates give NaN rows, never zeros.
+            pass. NaN gates give NaN rows, never zeros. Log gates must be <= 0 (a forget gate in [0, 1]):
+            the Triton kernels (CUDA, and the CPU under ``TRITON_INTERPRET=1``) assume prefix sums that
+            never increase (their fixed softmax bound and the pruning of key tiles), and return NaN or
+            wrong rows for a positive log gate; the PyTorch path (CPU) computes it exactly. This call
+            does not read the gates' values (on CUDA that would wait for the GPU);
+            ``ops.checks.check_log_gates_at_most_zero`` refuses positive ones where they can be read.
         head_first: tensors are (B, H, T, D) and log_fgate (B, H, T).
         seq_start: (B,) integers, first real token of each row (left padding); padded keys get no attention,
             their gates do not count, padded query rows return 0.
-        sm_scale: score scale, default ``D ** -0.5``.
+        sm_scale: score scale, default ``D ** -0.5``; finite and positive (this call does not check it;
+            the decoding calls refuse others with ``ops.checks.check_sm_scale``).
         adaptive_threshold: skip blocks whose decay bias ``c_i - c_j`` stays below this (log space): None,
             a finite negative number, a tensor broadcastable to (B, H), ``pruning.AutoThreshold(ln eps)``
             for the bound from the q/k norms with that tolerance, or "auto" for it with eps = e^-10
