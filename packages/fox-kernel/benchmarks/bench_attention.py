@@ -205,7 +205,7 @@ def bench_decode():
             got = forgetting_attention_with_kvcache(q, *pool, lens, block_table=table)
             assert (got.float() - ref.float()).abs().max().item() < 2e-2, "paged decode differs from contiguous"
             row[f"paged{page}_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, *pool, lens, block_table=table))
-        # the pruning bound of FOX.md section 1 with eps = e^-10, from the max norms of q and k
+        # the bound of fox_kernel.pruning, -(2U + ln T) + ln eps, eps = e^-10, from the max norms of q and k
         u = q.float().norm(dim=-1).amax() * k.float().norm(dim=-1).amax() * D**-0.5
         bound = float(-(2 * u + math.log(T)) - 10)
         row["pruning_bound"] = bound

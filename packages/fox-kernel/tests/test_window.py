@@ -102,7 +102,7 @@ def test_window_head_first(device_dtype):
 
 @pytest.mark.parametrize("threshold", ["number", "auto"])
 def test_window_with_pruning(device_dtype, threshold):
-    """Pruning inside the window with the bound of FOX.md section 1 (eps = e^-10): as a number (the least
+    """Pruning inside the window with the bound of fox_kernel.pruning (eps = e^-10): as a number (the least
     over heads) or "auto"; fast gates, so whole tiles inside the window are skipped. The dropped weight
     is within the reference tolerance."""
     device, dtype = device_dtype

@@ -25,7 +25,7 @@ VARIANTS = {
 
 
 def _published_dir(tmp_path, variant, seed=0):
-    """Write config.json + model.safetensors by hand, names and shapes as in FOX.md section 4."""
+    """Write config.json + model.safetensors by hand, names and shapes as in the published checkpoints."""
     g = torch.Generator().manual_seed(seed)
     opts = VARIANTS[variant]
     pro, legacy = opts.get("qk_norm", False), variant.endswith("legacy-qknorm")

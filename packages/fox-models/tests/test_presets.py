@@ -1,4 +1,4 @@
-"""Presets: the head sizes and baseline shapes of the official LongCrawl64 configs (FOX.md section 5)."""
+"""Presets: the head sizes and baseline shapes of the official LongCrawl64 configs."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Needle in a haystack with the prompt structure of the paper's evaluation (FOX.md section 5).
+"""Needle in a haystack with the prompt structure of the paper's evaluation (docs/evaluation.md).
 
 A prompt of context length L is: BOS, the first L - 200 - len(needle) tokens of the haystack with the needle
 on a line of its own inserted at the requested depth (moved back to just after a period; at 100% it ends the

@@ -1,4 +1,4 @@
-"""Per-token loss L(i): the mean loss at position i over held-out sequences (FOX.md section 5)."""
+"""Per-token loss L(i): the mean loss at position i over held-out sequences (docs/evaluation.md)."""
 
 from __future__ import annotations
 

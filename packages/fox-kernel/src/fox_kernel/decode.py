@@ -335,7 +335,7 @@ def forgetting_attention_with_kvcache(
 
     ``adaptive_threshold`` (a number or a (B, H) tensor, in the units of ``c``): the Triton kernel skips
     leading cache tiles where ``c_query - c_key`` stays below it for every query row it serves (whole
-    tiles are never read). With the bound of FOX.md section 1 the dropped weight is at most eps, and the
+    tiles are never read). With the bound of ``fox_kernel.pruning`` the dropped weight is at most eps, and the
     bound is finite and negative (anything else is refused). The PyTorch path ignores it and computes
     exactly.
 

@@ -1,4 +1,4 @@
-"""Adaptive computation pruning (ACP; FOX.md section 1): the bound every pruned call uses.
+"""Adaptive computation pruning (ACP): the bound every pruned call uses.
 
 If every logit satisfies ``|s q_i.k_j| <= U``, the keys with ``c_i - c_j < delta`` receive at most ``eps`` of
 a query's attention weight when

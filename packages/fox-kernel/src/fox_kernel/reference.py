@@ -1,7 +1,8 @@
 """Plain, materialised Forgetting Attention: the reference every fast path is tested against.
 
-Everything is written with whole (T x T) matrices so a reader can check it against the math of
-FOX.md section 1 line by line. It accepts any floating dtype; float64 inputs give a float64 answer.
+Everything is written with whole (T x T) matrices so a reader can check it line by line against the math,
+O_i = sum_{j<=i} softmax_j(s q_i.k_j + c_i - c_j) v_j with c the prefix sums of the log forget gates. It
+accepts any floating dtype; float64 inputs give a float64 answer.
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def bare_linear(module: nn.Module) -> bool:
 
 
 class ForgettingAttentionLayer(nn.Module):
-    """Forgetting Attention with the FoX (Pro) options of FOX.md section 3.
+    """Forgetting Attention with the FoX (Pro) options: QK-norm, key/value shift, output gate and output norm.
 
     Submodule names follow the published checkpoints: q_proj, k_proj / v_proj (Linear, or ShiftLinear
     with ``linear`` and ``shift_proj``), o_proj, fgate_proj, ogate_proj, output_norm, q_norm, k_norm.

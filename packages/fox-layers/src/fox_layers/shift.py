@@ -1,4 +1,4 @@
-"""ShiftLinear: a linear projection followed by a data-dependent token shift (FOX.md section 3).
+"""ShiftLinear: a linear projection followed by a data-dependent token shift (FoX (Pro)'s k/v shift).
 
     k~_t = W x_t,   a_t = sigmoid(w_a . x_t) (one scalar per head),   k_t = a_t k~_{t-1} + (1 - a_t) k~_t
 

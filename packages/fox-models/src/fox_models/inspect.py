@@ -18,7 +18,7 @@ import torch
 from fox_kernel import pruning
 from fox_layers import ForgettingAttentionLayer
 
-LOG_EPS = pruning.DEFAULT_LOG_TOLERANCE  # the pruning bound eps = e^-10 of FOX.md section 1
+LOG_EPS = pruning.DEFAULT_LOG_TOLERANCE  # ln eps = -10 of the pruning bound (fox_kernel.pruning)
 
 
 class NoForgetGateError(ValueError):

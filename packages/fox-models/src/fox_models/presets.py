@@ -1,7 +1,7 @@
 """Named configs of every registered model (``fox_models.registry``).
 
 ``get_preset("fox-pro-760m")`` returns a config; keyword overrides replace fields. ``PRESETS`` lists the
-paper's models (FOX.md section 5): FoX (Pro/LLaMA), Transformer (Pro/LLaMA/SWA), the recurrent baselines
+paper's models: FoX (Pro/LLaMA), Transformer (Pro/LLaMA/SWA), the recurrent baselines
 Mamba-2, HGRN2 and DeltaNet, and SAMBA, each at 125M, 360M and 760M, with the sizes of the official LongCrawl64
 experiment configs (``configs/experiment/longcrawl64/**`` of the reference repository) and the GPT-2
 vocabulary. ``TINY_PRESETS`` lists tiny models of each kind (two layers of width 128) for tests and CPU

@@ -1,7 +1,8 @@
 """Training data: token sources, fixed-length sequences starting with BOS, and a resumable sampler.
 
 Every source becomes a ``SequenceSource``: ``len()`` sequences of ``seq_len`` tokens, ``get(i)`` returns
-one as int64. The model input is ``[BOS] + tokens[:-1]`` and the labels are the tokens (FOX.md section 4).
+one as int64. The model input is ``[BOS] + tokens[:-1]`` and the labels are the tokens (the paper's
+convention; fox-models' ``per_token_loss=True``).
 """
 
 from __future__ import annotations

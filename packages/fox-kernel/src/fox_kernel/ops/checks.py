@@ -108,8 +108,8 @@ def values_checkable(x: torch.Tensor) -> bool:
 
 
 def check_threshold_number(value) -> None:
-    """A pruning threshold is the log-space bound delta = -(2U + ln Tk) + ln eps (FOX.md section 1): with
-    U >= 0, Tk >= 1 and eps < 1 it is finite and negative. 0 or more would drop keys that carry weight."""
+    """A pruning threshold is the log-space bound delta = -(2U + ln Tk) + ln eps (``fox_kernel.pruning``):
+    with U >= 0, Tk >= 1 and eps < 1 it is finite and negative. 0 or more would drop keys that carry weight."""
     if not math.isfinite(value) or value >= 0:
         raise ValueError(f"adaptive_threshold must be a finite negative number (a log-space bound "
                          f"-(2U + ln Tk) + ln eps), got {value}")

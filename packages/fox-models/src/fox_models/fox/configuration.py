@@ -1,4 +1,5 @@
-"""The FoX config in the published format (FOX.md section 4), and its named configs (FOX.md section 5)."""
+"""The FoX config in the format of the published checkpoints (``zhixuan-lin/*-longcrawl64-48b``), and its
+named configs (the paper's models)."""
 
 from __future__ import annotations
 

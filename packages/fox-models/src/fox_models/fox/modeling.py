@@ -1,4 +1,5 @@
-"""Hugging Face models of FoX in the published checkpoint layout (FOX.md section 4)."""
+"""Hugging Face models of FoX in the layout of the published checkpoints
+(``zhixuan-lin/*-longcrawl64-48b``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Transformer (LLaMA) config in the published format (FOX.md section 4), and its named configs."""
+"""The Transformer (LLaMA) config in the format of the published checkpoints, and its named configs."""
 
 from __future__ import annotations
 
