@@ -9,7 +9,39 @@ checks read it (``hidden_size``).
 
 from __future__ import annotations
 
+import math
+
 from fox_models.compat import ConfigBase
+
+
+def require_int(name: str, value, low: int = 1, *, optional: bool = False) -> None:
+    """``value`` is an int >= ``low`` (None allowed with ``optional``): a size, count or length."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        expected = f"an int >= {low}" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def require_positive(name: str, value, *, optional: bool = False) -> None:
+    """``value`` is a finite number > 0 (None allowed with ``optional``): a ratio, an epsilon, a time."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        expected = "a finite number > 0" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def require_divides(name: str, value: int, multiple_name: str, multiple: int) -> None:
+    """``multiple`` (named ``multiple_name``) is a multiple of ``value`` (named ``name``), both ints >= 1."""
+    if multiple % value:
+        raise ValueError(f"{multiple_name} must be a multiple of {name} {value}, got {multiple}")
+
+
+def require_ordered(low_name: str, low, high_name: str, high) -> None:
+    """``low <= high`` where both are given (a range's bounds)."""
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{low_name} must be <= {high_name} {high}, got {low}")
 
 
 class _FoxConfigBase(ConfigBase):
@@ -34,6 +66,12 @@ class _FoxConfigBase(ConfigBase):
     ):
         if hidden_act not in ("swish", "silu"):
             raise ValueError(f"hidden_act must be 'swish' or 'silu' (the same function), got {hidden_act!r}")
+        require_int("vocab_size", vocab_size)
+        require_int("hidden_size", hidden_size)
+        require_int("num_hidden_layers", num_hidden_layers)
+        if isinstance(initializer_range, bool) or not isinstance(initializer_range, (int, float)) \
+                or not math.isfinite(initializer_range) or initializer_range < 0:
+            raise ValueError(f"initializer_range must be a finite number >= 0, got {initializer_range!r}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -60,6 +98,10 @@ class _FoxLayoutConfig(_FoxConfigBase):
         norm_eps: float = 1e-6,
         **kwargs,
     ):
+        require_positive("hidden_ratio", hidden_ratio, optional=intermediate_size is not None)
+        require_int("intermediate_size", intermediate_size, optional=True)
+        require_int("max_position_embeddings", max_position_embeddings, optional=True)
+        require_positive("norm_eps", norm_eps)
         self.hidden_ratio = hidden_ratio
         self.intermediate_size = intermediate_size
         self.max_position_embeddings = max_position_embeddings

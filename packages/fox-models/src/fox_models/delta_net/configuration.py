@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fox_models.configuration_base import _FoxLayoutConfig
+from fox_models.configuration_base import _FoxLayoutConfig, require_int, require_positive
 from fox_models.recurrent import SIZES, size_fields
 
 
@@ -15,6 +15,7 @@ class DeltaNetConfig(_FoxLayoutConfig):
     def __init__(
         self,
         *,
+        hidden_size: int = 2048,
         expand_k: float = 1,
         expand_v: float = 1,
         use_gate: bool = False,
@@ -34,6 +35,16 @@ class DeltaNetConfig(_FoxLayoutConfig):
         for name, (got, want) in unsupported.items():
             if got != want:
                 raise ValueError(f"{name}={got!r} is not supported (the paper's DeltaNet uses {want!r})")
+        require_int("hidden_size", hidden_size)
+        require_int("num_heads", num_heads)
+        require_positive("expand_k", expand_k)
+        require_positive("expand_v", expand_v)
+        require_int("conv_size", conv_size)
+        for name, expand in (("expand_k", expand_k), ("expand_v", expand_v)):
+            dim = int(hidden_size * expand)
+            if dim < num_heads or dim % num_heads:
+                raise ValueError(f"int(hidden_size * {name}) must be a positive multiple of num_heads {num_heads} "
+                                 f"(the heads' width), got {dim}")
         self.expand_k = expand_k
         self.expand_v = expand_v
         self.use_gate = use_gate
@@ -46,7 +57,7 @@ class DeltaNetConfig(_FoxLayoutConfig):
         self.qk_norm = qk_norm
         self.qk_activation = qk_activation
         self.norm_first = norm_first
-        super().__init__(**kwargs)
+        super().__init__(hidden_size=hidden_size, **kwargs)
 
 
 # preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): short convolutions of 4

@@ -3,8 +3,15 @@ named configs (the paper's models)."""
 
 from __future__ import annotations
 
+from fox_kernel import pruning
 from fox_kernel.ops import checks
-from fox_models.configuration_base import _FoxLayoutConfig
+from fox_models.configuration_base import (
+    _FoxLayoutConfig,
+    require_divides,
+    require_int,
+    require_ordered,
+    require_positive,
+)
 
 
 class _DecoderConfig(_FoxLayoutConfig):
@@ -16,6 +23,7 @@ class _DecoderConfig(_FoxLayoutConfig):
     def __init__(
         self,
         *,
+        hidden_size: int = 2048,
         num_heads: int = 32,
         num_kv_heads: int | None = None,
         window_size: int | None = None,
@@ -25,13 +33,20 @@ class _DecoderConfig(_FoxLayoutConfig):
         **kwargs,
     ):
         checks.require_window_size(window_size)
+        require_int("num_heads", num_heads)
+        require_int("num_kv_heads", num_kv_heads, optional=True)
+        if num_kv_heads is not None:
+            require_divides("num_kv_heads", num_kv_heads, "num_heads", num_heads)
+        require_positive("rope_base", rope_base)
+        require_int("hidden_size", hidden_size)
+        require_divides("num_heads", num_heads, "hidden_size", hidden_size)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.window_size = window_size
         self.attention_bias = attention_bias
         self.fuse_norm = fuse_norm
         self.rope_base = rope_base
-        super().__init__(**kwargs)
+        super().__init__(hidden_size=hidden_size, **kwargs)
 
 
 class ForgettingTransformerConfig(_DecoderConfig):
@@ -62,6 +77,11 @@ class ForgettingTransformerConfig(_DecoderConfig):
         log_pruning_tolerance: float | None = None,
         **kwargs,
     ):
+        require_positive("decay_time_min", decay_time_min, optional=True)
+        require_positive("decay_time_max", decay_time_max, optional=True)
+        require_ordered("decay_time_min", decay_time_min, "decay_time_max", decay_time_max)
+        if log_pruning_tolerance is not None:
+            pruning.check_log_tolerance(log_pruning_tolerance)
         self.use_rope = use_rope
         self.use_output_gate = use_output_gate
         self.ogate_act = ogate_act

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fox_models.configuration_base import _FoxLayoutConfig
+from fox_models.configuration_base import _FoxLayoutConfig, require_divides, require_int
 from fox_models.recurrent import SIZES, size_fields
 
 
@@ -29,6 +29,17 @@ class HGRN2Config(_FoxLayoutConfig):
             raise ValueError("use_short_conv=True is not supported for HGRN2 (the paper's HGRN2 has none)")
         if num_heads is None and expand_ratio is None:
             raise ValueError("HGRN2Config needs num_heads or expand_ratio")
+        require_int("hidden_size", hidden_size)
+        require_int("num_heads", num_heads, optional=True)
+        require_int("expand_ratio", expand_ratio, optional=True)
+        require_int("conv_size", conv_size)
+        # the heads: num_heads, else hidden_size // expand_ratio (modeling.py); each of width hidden / heads
+        heads = num_heads if num_heads is not None else hidden_size // expand_ratio
+        if heads < 1:
+            raise ValueError(f"expand_ratio must be <= hidden_size {hidden_size} (hidden_size // expand_ratio "
+                             f"heads), got {expand_ratio}")
+        require_divides("num_heads" if num_heads is not None else "the heads (hidden_size // expand_ratio)", heads,
+                        "hidden_size", hidden_size)
         if apply_lower_bound and num_heads is not None and expand_ratio is not None and num_heads * expand_ratio != hidden_size:
             raise ValueError(f"apply_lower_bound needs num_heads * expand_ratio == hidden_size (one bound per forget "
                              f"channel), got {num_heads} * {expand_ratio} != {hidden_size}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fox_models.configuration_base import _FoxConfigBase
+from fox_models.configuration_base import _FoxConfigBase, require_int, require_ordered, require_positive
 
 
 class Mamba2Config(_FoxConfigBase):
@@ -40,6 +40,16 @@ class Mamba2Config(_FoxConfigBase):
         chunk_size: int = 256,
         **kwargs,
     ):
+        for name, value in (("hidden_size", hidden_size), ("num_heads", num_heads), ("head_dim", head_dim),
+                            ("state_size", state_size), ("expand", expand), ("conv_kernel", conv_kernel),
+                            ("n_groups", n_groups), ("chunk_size", chunk_size)):
+            require_int(name, value)
+        require_positive("layer_norm_epsilon", layer_norm_epsilon)
+        require_positive("time_step_min", time_step_min)
+        require_positive("time_step_max", time_step_max)
+        require_ordered("time_step_min", time_step_min, "time_step_max", time_step_max)
+        if time_step_rank != "auto":
+            require_int("time_step_rank", time_step_rank)
         if num_heads * head_dim != expand * hidden_size:
             raise ValueError(f"num_heads * head_dim must equal expand * hidden_size, got {num_heads} * {head_dim} "
                              f"!= {expand} * {hidden_size}")

@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from fox_kernel.ops import checks
-from fox_models.configuration_base import _FoxConfigBase
+from fox_models.configuration_base import (
+    _FoxConfigBase,
+    require_divides,
+    require_int,
+    require_ordered,
+    require_positive,
+)
 from fox_models.fox.configuration import SIZES, TRANSFORMER_HEADS
 
 _ATTN_KEYS = ("num_heads", "num_kv_heads", "window_size", "layers")
@@ -61,6 +67,19 @@ class SambaConfig(_FoxConfigBase):
         if residual_in_fp32:
             raise ValueError("residual_in_fp32=True is not supported (the reference SAMBA block adds its residual "
                              "in the activations' dtype)")
+        for name, value in (("hidden_size", hidden_size), ("state_size", state_size), ("expand", expand),
+                            ("conv_kernel", conv_kernel)):
+            require_int(name, value)
+        require_positive("norm_eps", norm_eps)
+        require_positive("time_step_min", time_step_min)
+        require_positive("time_step_max", time_step_max)
+        require_ordered("time_step_min", time_step_min, "time_step_max", time_step_max)
+        if time_step_rank != "auto":
+            require_int("time_step_rank", time_step_rank)
+        require_positive("attn_hidden_ratio", attn_hidden_ratio, optional=True)
+        require_positive("mamba_hidden_ratio", mamba_hidden_ratio, optional=True)
+        require_int("max_position_embeddings", max_position_embeddings, optional=True)
+        require_positive("rope_base", rope_base)
         if time_step_init_scheme not in ("random", "constant"):
             raise ValueError(f"time_step_init_scheme must be 'random' or 'constant', got {time_step_init_scheme!r}")
         intermediate_size = kwargs.pop("intermediate_size", None)  # written by save_pretrained: expand * hidden
@@ -83,8 +102,11 @@ class SambaConfig(_FoxConfigBase):
                                  f"layout), got {attn['layers']!r}")
             attn = {k: attn.get(k) for k in _ATTN_KEYS}
             checks.require_window_size(attn["window_size"])
-            if hidden_size % attn["num_heads"]:
-                raise ValueError(f"hidden_size {hidden_size} must be a multiple of attn num_heads {attn['num_heads']}")
+            require_int("attn num_heads", attn["num_heads"])
+            require_int("attn num_kv_heads", attn["num_kv_heads"], optional=True)
+            require_divides("attn num_heads", attn["num_heads"], "hidden_size", hidden_size)
+            if attn["num_kv_heads"] is not None:
+                require_divides("attn num_kv_heads", attn["num_kv_heads"], "attn num_heads", attn["num_heads"])
         self.state_size = state_size
         self.norm_eps = norm_eps
         self.expand = expand
