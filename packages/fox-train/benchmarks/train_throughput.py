@@ -30,7 +30,7 @@ import fox_models  # noqa: F401
 from fox_models.fox import SIZES
 from fox_models.presets import get_preset
 from fox_train.metrics import flops_per_token, peak_flops
-from fox_train.train import CUDA_GRAPH_MODES, compile_blocks
+from fox_train.parallelize import CUDA_GRAPH_MODES, compile_blocks
 
 # (name, preset family, config overrides (``head_dim``: the number of heads that gives it), recompute_projections,
 # activation memory budget of the compiled blocks or None)

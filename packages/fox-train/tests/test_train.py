@@ -27,7 +27,7 @@ SMALL = ["model.hidden_size=64", "model.num_hidden_layers=2", "model.num_heads=2
 
 
 def _fsdp(strategy, precision):
-    from fox_train.train import _fsdp_strategy
+    from fox_train.parallelize import _fsdp_strategy
 
     return _fsdp_strategy(strategy, precision, (FoxBlock,))
 
@@ -87,7 +87,7 @@ def test_fsdp_wraps_the_blocks_of_every_model(preset):
     """A run's FSDP strategy wraps each block of its model, as the model's registry entry names them."""
     from fox_models.registry import model_entry
     from fox_train.config import ModelConfig, StrategyConfig, model_config, preset_fields
-    from fox_train.train import _fsdp_strategy
+    from fox_train.parallelize import _fsdp_strategy
 
     config = model_config(ModelConfig(preset=preset, **preset_fields(preset)))
     strategy = _fsdp_strategy(StrategyConfig(name="fsdp"), "32-true", model_entry(config).blocks)
@@ -99,7 +99,7 @@ def test_fsdp_wraps_the_blocks_of_every_model(preset):
 
 def test_fsdp2_options_are_checked(tmp_path):
     from fox_train.config import StrategyConfig
-    from fox_train.train import _fsdp2_strategy
+    from fox_train.parallelize import _fsdp2_strategy
 
     with pytest.raises(ValueError, match="strategy.fsdp_sharding must be FULL_SHARD or SHARD_GRAD_OP with fsdp2"):
         _fsdp2_strategy(StrategyConfig(name="fsdp2", devices=2, fsdp_sharding="HYBRID_SHARD"), "bf16-mixed")
@@ -171,7 +171,7 @@ def test_activation_memory_budget_keeps_less_for_the_backward_and_the_same_gradi
     import torch._functorch.config as functorch_config
 
     from fox_models.presets import get_preset
-    from fox_train.train import compile_blocks
+    from fox_train.parallelize import compile_blocks
 
     def run(budget):
         torch._dynamo.reset()  # a compiled block is partitioned once: drop the previous budget's

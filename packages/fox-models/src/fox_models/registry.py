@@ -39,13 +39,17 @@ class ModelEntry:
     """Every parameter held directly by a module of these classes takes no weight decay..."""
     no_decay_names: tuple[str, ...] = ("bias",)
     """...nor does every parameter whose own name (the last part of its dotted name) is one of these."""
+    context_parallel: bool = False
+    """Whether one sequence can be split across ranks: every layer that mixes tokens is a Forgetting Attention
+    layer, whose kernel call a trainer replaces (``fox_kernel.context_parallel.ContextParallel``)."""
 
 
 MODELS = (
     ModelEntry(fox.ForgettingTransformerConfig, fox.ForgettingTransformerModel, fox.ForgettingTransformerForCausalLM,
-               blocks=(fox.FoxBlock,), presets=fox.PRESETS, tiny=fox.TINY, no_decay_names=("bias", "fgate_bias")),
+               blocks=(fox.FoxBlock,), presets=fox.PRESETS, tiny=fox.TINY, no_decay_names=("bias", "fgate_bias"),
+               context_parallel=True),
     ModelEntry(transformer.TransformerConfig, transformer.TransformerModel, transformer.TransformerForCausalLM,
-               blocks=(fox.FoxBlock,), presets=transformer.PRESETS, tiny=transformer.TINY),
+               blocks=(fox.FoxBlock,), presets=transformer.PRESETS, tiny=transformer.TINY, context_parallel=True),
     ModelEntry(mamba2.Mamba2Config, mamba2.Mamba2Model, mamba2.Mamba2ForCausalLM, blocks=(mamba2.Mamba2Block,),
                presets=mamba2.PRESETS, tiny=mamba2.TINY, no_decay_modules=(RMSNorm, mamba2.GatedRMSNorm),
                no_decay_names=("bias", "A_log", "D", "dt_bias")),

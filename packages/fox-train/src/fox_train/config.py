@@ -147,6 +147,10 @@ class StrategyConfig:
     replication across nodes) or NO_SHARD. FSDP2 takes FULL_SHARD or SHARD_GRAD_OP (its
     ``reshard_after_forward`` true or false); with SHARD_GRAD_OP it also keeps the parameters gathered
     across a step's micro-batches (one all-gather per step)."""
+    context_parallel: int = 1
+    """Ranks that share each sequence (context parallelism; must divide devices x nodes, and 2 x it must
+    divide data.seq_len): each holds two chunks of every sequence (zigzag), so a sequence can be as long
+    as all of them hold. The other factor of the world is data parallelism. Attention models only."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 import fox_models
-from fox_models.registry import model_entry, no_weight_decay
+from fox_models.registry import no_weight_decay
 from fox_train import checkpoint as ckpt
 from fox_train.config import SCHEDULES, TrainConfig, check, load_config, model_config, resume_conflicts
 from fox_train.data import (
@@ -35,13 +35,21 @@ from fox_train.data import (
     text_documents,
     tokenize_documents,
 )
-from fox_train.errors import first_line
 from fox_train.metrics import (
     MetricsWriter,
     flops_per_token,
     peak_flops,
     plot_per_token_loss,
     position_windows,
+)
+from fox_train.parallelize import (
+    Mesh,
+    apply_context_parallel,
+    build_mesh,
+    check_compile,
+    check_context_parallel,
+    compile_blocks,
+    make_fabric,
 )
 
 
@@ -124,125 +132,6 @@ def resolve_run_dir(cfg: TrainConfig) -> Path:
     return root / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
-
-
-def _check_param_dtype(s) -> None:
-    if s.fsdp_param_dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"strategy.fsdp_param_dtype must be float32 or bfloat16, got {s.fsdp_param_dtype!r}")
-
-
-def _fsdp_strategy(s, precision: str, blocks: tuple[type[torch.nn.Module], ...]):
-    """FSDP wrapping each block (each module of a class in ``blocks``, the model's registry entry's). Under a
-    mixed precision, ``s.fsdp_param_dtype`` = bfloat16 keeps Fabric's policy (bf16 parameters, reductions,
-    buffers); float32 gathers float32 parameters, reduces in float32 and lets autocast run the matmuls in
-    bf16 (DDP's numerics)."""
-    from lightning.fabric.strategies import FSDPStrategy
-    from torch.distributed.fsdp import MixedPrecision
-
-    _check_param_dtype(s)
-    if s.fsdp_sharding not in FSDP_SHARDING:
-        raise ValueError(f"strategy.fsdp_sharding must be one of {FSDP_SHARDING}, got {s.fsdp_sharding!r}")
-    mixed = None
-    if "mixed" in precision and s.fsdp_param_dtype == "float32":
-        mixed = MixedPrecision(param_dtype=torch.float32, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-    return FSDPStrategy(auto_wrap_policy=set(blocks), state_dict_type="full", mixed_precision=mixed,
-                        sharding_strategy=s.fsdp_sharding)
-
-
-def _fsdp2_strategy(s, precision: str):
-    """FSDP2 (``fully_shard`` on every block of the model's registry entry, then on the whole model)
-    through Fabric's ModelParallelStrategy, checkpoints as one full file like the other strategies'. Under a
-    mixed precision, ``s.fsdp_param_dtype`` = bfloat16 gathers bf16 parameters and reduces gradients in
-    float32; float32 gathers float32 parameters (autocast runs the matmuls in bf16)."""
-    from lightning.fabric.strategies import ModelParallelStrategy
-
-    _check_param_dtype(s)
-    if s.fsdp_sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        raise ValueError(f"strategy.fsdp_sharding must be FULL_SHARD or SHARD_GRAD_OP with fsdp2, got {s.fsdp_sharding!r}")
-    reshard = s.fsdp_sharding == "FULL_SHARD"
-    bf16 = "mixed" in precision and s.fsdp_param_dtype == "bfloat16"
-
-    def parallelize(model, mesh):
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        kw = dict(mesh=mesh["data_parallel"], reshard_after_forward=reshard)
-        if bf16:
-            kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        blocks = model_entry(model).blocks
-        for block in [m for m in model.modules() if isinstance(m, blocks)]:
-            fully_shard(block, **kw)
-        fully_shard(model, **kw)
-        return model
-
-    if isinstance(s.devices, int) and s.devices > 0:
-        per_node = s.devices
-    elif isinstance(s.devices, (list, tuple)) or (isinstance(s.devices, str) and "," in s.devices):
-        per_node = len(s.devices if not isinstance(s.devices, str) else [d for d in s.devices.split(",") if d.strip()])
-    else:
-        raise ValueError(f"strategy.devices must be a device count or list with fsdp2, got {s.devices!r}")
-    return ModelParallelStrategy(parallelize_fn=parallelize, data_parallel_size=per_node * s.num_nodes,
-                                 tensor_parallel_size=1, save_distributed_checkpoint=False)
-
-
-STRATEGIES = ("single", "ddp", "fsdp", "fsdp2")
-
-
-def _fabric(cfg: TrainConfig) -> L.Fabric:
-    s = cfg.strategy
-    gpu = torch.cuda.is_available() and s.accelerator in ("auto", "gpu", "cuda")
-    precision = s.precision or ("bf16-mixed" if gpu else "32-true")
-    if s.name not in STRATEGIES:
-        raise ValueError(f"strategy.name must be one of {STRATEGIES}, got {s.name!r}")
-    strategy = {"single": "auto", "ddp": "ddp"}.get(s.name)
-    if s.name == "fsdp":
-        strategy = _fsdp_strategy(s, precision, model_entry(model_config(cfg.model)).blocks)
-    elif s.name == "fsdp2":
-        strategy = _fsdp2_strategy(s, precision)
-    # FSDP and FSDP2 write their full checkpoint with torch.save themselves
-    plugins = [ckpt.DirectTorchIO()] if s.name in ("single", "ddp") else None
-    try:
-        return L.Fabric(accelerator=s.accelerator, devices=s.devices, num_nodes=s.num_nodes, strategy=strategy,
-                        precision=precision, plugins=plugins)
-    except (RuntimeError, ValueError) as e:  # an accelerator or devices this machine does not have
-        first = first_line(e)
-        raise ValueError(f"strategy.accelerator={s.accelerator} strategy.devices={s.devices}: {first}") from None
-
-
-COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that run CUDA graphs
-
-
-def _check_compile(cfg: TrainConfig) -> bool:
-    """Validate compile/compile_mode; True when the blocks run as CUDA graphs."""
-    if cfg.compile_mode not in COMPILE_MODES:
-        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {cfg.compile_mode!r}")
-    if cfg.compile_mode is not None and not cfg.compile:
-        raise ValueError(f"compile_mode={cfg.compile_mode!r} needs compile=true")
-    budget = cfg.activation_memory_budget
-    if budget is not None:
-        if not cfg.compile:
-            raise ValueError("activation_memory_budget needs compile=true (the compiled blocks' partitioner applies it)")
-        if not 0 < budget <= 1:
-            raise ValueError(f"activation_memory_budget must be in (0, 1], got {budget!r}")
-    graphs = cfg.compile and cfg.compile_mode in CUDA_GRAPH_MODES
-    if graphs and cfg.strategy.name not in ("single", "ddp"):
-        raise ValueError(f"compile_mode={cfg.compile_mode!r} (CUDA graphs) works with strategy single or ddp, "
-                         f"not {cfg.strategy.name!r}")
-    return graphs
-
-
-def compile_blocks(model, mode: str | None = None, memory_budget: float | None = None) -> None:
-    """torch.compile every block of ``model`` (in ``mode``); ``memory_budget``: inductor's activation memory
-    budget for them (see TrainConfig.activation_memory_budget; process-wide, read when a block compiles)."""
-    if memory_budget is not None:
-        import torch._functorch.config as functorch_config
-
-        functorch_config.activation_memory_budget = memory_budget
-    for block in model.model.layers:
-        block.compile(mode=mode)
-
-
 def _step_begin(graphs: bool) -> None:
     """Before every forward when the blocks are CUDA graphs: tells cudagraph trees that the outputs of the
     previous forward and backward are no longer needed (each micro-batch is a new invocation)."""
@@ -279,20 +168,27 @@ def _keep_grad_storage(model) -> None:
 
 
 @torch.no_grad()
-def evaluate(fabric, model, source, n: int, batch: int, graphs: bool = False) -> tuple[float, np.ndarray]:
-    """Mean held-out loss and the per-position loss L(i) over the first n sequences (all ranks agree)."""
+def evaluate(fabric, model, source, n: int, batch: int, graphs: bool = False,
+             mesh: Mesh | None = None) -> tuple[float, np.ndarray]:
+    """Mean held-out loss and the per-position loss L(i) over the first n sequences (all ranks agree). Under
+    context parallelism each rank of a context group scores its shard of every sequence."""
     model.eval()
     n = min(n, len(source))
     total = None
     for s in range(0, n, batch):
         inputs, labels = make_batch(source, list(range(s, min(n, s + batch))))
+        if mesh is not None:
+            inputs, labels = mesh.shard(inputs), mesh.shard(labels)
         _step_begin(graphs)
-        loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device), per_token_loss=True).loss.float()
-        part = loss.sum(0)
+        loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device), per_token_loss=True,
+                     use_cache=False).loss.float()
+        part = loss.sum(0, keepdim=True)
         total = part if total is None else total + part
     model.train()
     reshard(model)
-    per_pos = (total / n).cpu().numpy()
+    if mesh is not None:
+        total = mesh.unshard(total)
+    per_pos = (total[0] / n).cpu().numpy()
     return float(per_pos.mean()), per_pos
 
 
@@ -449,9 +345,11 @@ def train(cfg: TrainConfig, record=None) -> Path:
     (``run_dir -> None``), if given, writes the caller's own files at that same moment (the CLI's Hydra
     record)."""
     check(cfg)
-    graphs = _check_compile(cfg)
-    fabric = _fabric(cfg)
+    check_context_parallel(cfg)
+    graphs = check_compile(cfg)
+    fabric = make_fabric(cfg)
     fabric.launch()
+    mesh = build_mesh(cfg, fabric.world_size, fabric.global_rank, fabric.device.type)
     L.seed_everything(cfg.seed, verbose=False)
     torch.manual_seed(cfg.seed)
     run_dir = resolve_run_dir(cfg)
@@ -464,7 +362,7 @@ def train(cfg: TrainConfig, record=None) -> Path:
     tokenizer = fox_models.JSONGPT2Tokenizer()
     train_src, held_src = build_sources(cfg, tokenizer, str(Path(cfg.out_dir) / ".token-cache"), config.vocab_size)
     seq_len = cfg.data.seq_len
-    sampler = Sampler(len(train_src), cfg.global_batch_tokens // seq_len, cfg.micro_batch_size, fabric.world_size,
+    sampler = Sampler(len(train_src), cfg.global_batch_tokens // seq_len, cfg.micro_batch_size, mesh.data,
                       shuffle=cfg.data.order == "shuffled", seed=cfg.seed)
     total_steps = max(1, cfg.schedule.total_tokens // cfg.global_batch_tokens)
 
@@ -481,6 +379,7 @@ def train(cfg: TrainConfig, record=None) -> Path:
         switch = getattr(model, "enable_projection_recompute", None)
         if switch is None or not switch():
             raise ValueError(f"recompute_projections: model {cfg.model.preset!r} has no Forgetting Attention layers")
+    apply_context_parallel(model, mesh)
     if cfg.compile:
         compile_blocks(model, cfg.compile_mode, cfg.activation_memory_budget)
     n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
@@ -519,7 +418,7 @@ def train(cfg: TrainConfig, record=None) -> Path:
                            cfg.wandb_project, start) if fabric.is_global_zero else None
     try:
         with StopSignals() as stop:
-            per_pos = _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_src, writer,
+            per_pos = _train_steps(cfg, fabric, mesh, model, optimizer, state, sampler, train_src, held_src, writer,
                                    run_dir, start, total_steps, flops_tok, graphs, stop)
         full = full_state_dict(fabric, model, cfg.strategy.name) if cfg.export else None
         if fabric.is_global_zero:
@@ -534,15 +433,17 @@ def train(cfg: TrainConfig, record=None) -> Path:
     return run_dir
 
 
-def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_src, writer, run_dir, start,
+def _train_steps(cfg, fabric, mesh, model, optimizer, state, sampler, train_src, held_src, writer, run_dir, start,
                  total_steps, flops_tok, graphs, stop) -> np.ndarray:
     """Steps ``start`` to ``total_steps`` with their logging, evaluations and checkpoints; returns the
     held-out L(i) of the last evaluation. After a stop signal, saves the step's checkpoint and raises
-    Interrupted."""
+    Interrupted. Each data rank of ``mesh`` takes its sequences of each step, each context rank its shard of
+    them; the loss of a rank is the mean over its tokens, equal in number on every rank, so the gradient
+    average over all ranks is that of the mean over the step's tokens."""
     o, ckpt_root = cfg.optimizer, run_dir / "checkpoints"
     peak = peak_flops(fabric.device)
     if start == 0:
-        loss0, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
+        loss0, _ = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs, mesh)
         if writer:
             writer.log({"step": 0, "tokens": 0, "heldout_loss": loss0})
 
@@ -560,7 +461,8 @@ def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_
         step_loss = torch.zeros((), device=fabric.device)
         pos_loss = None
         for a in range(sampler.accum_steps):
-            inputs, labels = make_batch(train_src, sampler.indices(step, a, fabric.global_rank))
+            inputs, labels = make_batch(train_src, sampler.indices(step, a, mesh.data_rank))
+            inputs, labels = mesh.shard(inputs), mesh.shard(labels)
             _step_begin(graphs)
             with _micro_batch(fabric, model, cfg.strategy, last=a == sampler.accum_steps - 1):
                 loss = model(input_ids=inputs.to(fabric.device), labels=labels.to(fabric.device), per_token_loss=True).loss
@@ -581,7 +483,7 @@ def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_
             tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
             t_last, tok_last = now, done_tokens
             record = {"step": step + 1, "tokens": done_tokens, "loss": step_loss, "lr": lr, "tokens_per_s": tps,
-                      **position_windows(pos_loss / sampler.accum_steps)}
+                      **position_windows(mesh.unshard(pos_loss) / sampler.accum_steps)}
             if grad_norm is not None:
                 record["grad_norm"] = float(grad_norm)
             if peak:
@@ -590,7 +492,7 @@ def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_
             if writer:
                 writer.log(record)
         if (step + 1) % cfg.eval_every == 0 or last:
-            held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
+            held, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs, mesh)
             if writer:
                 writer.log({"step": step + 1, "tokens": done_tokens, "heldout_loss": held})
         saved = (step + 1) % cfg.checkpoint_every == 0 or last
@@ -606,7 +508,7 @@ def _train_steps(cfg, fabric, model, optimizer, state, sampler, train_src, held_
                               signum, fabric.is_global_zero)
     bar.close()
     if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
-        _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs)
+        _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs, mesh)
     return per_pos
 
 
