@@ -83,6 +83,39 @@ def test_context_parallel_equals_one_process(world):
     run_ranks(__file__, world)
 
 
+def _check_cuda_bf16(world, rank):
+    """At 16k tokens in bfloat16 on NCCL: the context-parallel output and gradients are as close to a
+    float32 single-GPU call as the bfloat16 single-GPU call is (its own rounding noise)."""
+    torch.cuda.set_device(rank)
+    for H, Hkv, D in ((12, 12, 64), (8, 2, 128)):
+        T = 16384
+        q, k, v, lf = (x.cuda() for x in _inputs(1, T, H, Hkv, D, seed=D))
+        dout = torch.randn(1, T, H, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64).cuda()
+
+        def run(fn, dtype, shard):
+            xs = [(shard(x) if shard else x).to(dtype).requires_grad_() for x in (q, k, v)]
+            g = (shard(lf) if shard else lf).requires_grad_()
+            out = fn(*xs, g)
+            grads = torch.autograd.grad(out, [*xs, g], (shard(dout) if shard else dout).to(dtype))
+            return [out, *grads]
+
+        shard = lambda x: shard_sequence(x, world, rank)
+        exact = [shard(x).double() for x in run(forgetting_attention, torch.float32, None)]
+        single = [shard(x).double() for x in run(forgetting_attention, torch.bfloat16, None)]
+        split = [x.double() for x in run(context_parallel_forgetting_attention, torch.bfloat16, shard)]
+        for name, e, a, b in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, single, split):
+            noise, err = (a - e).abs().max().item(), (b - e).abs().max().item()
+            assert err <= 1.5 * noise + 1e-6 * e.abs().max().item(), f"{name} (H={H}, D={D}): {err} vs bf16 noise {noise}"
+            print(f"rank {rank} H={H} Hkv={Hkv} D={D} {name}: context-parallel error {err:.3g}, single-GPU {noise:.3g}")
+
+
+@pytest.mark.gpu
+def test_context_parallel_on_two_gpus_within_bf16_noise():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    run_ranks(__file__, 2, "cuda")
+
+
 def test_shard_sequence_refuses_lengths_that_do_not_split():
     with pytest.raises(ValueError, match="multiple of 2 \\* world_size = 4"):
         shard_sequence(torch.zeros(1, 6, 2), 2, 0)
@@ -96,12 +129,16 @@ def test_needs_an_initialised_process_group():
         context_parallel_forgetting_attention(q, q, q, torch.zeros(1, 4, 2))
 
 
-if __name__ == "__main__":  # one rank of test_context_parallel_equals_one_process
-    dist.init_process_group("gloo")
+if __name__ == "__main__":  # one rank of test_context_parallel_equals_one_process (or of the CUDA test)
+    cuda = sys.argv[1:] == ["cuda"]
+    dist.init_process_group("nccl" if cuda else "gloo")
     torch.set_num_threads(1)
     try:
-        _check_attention(dist.get_world_size(), dist.get_rank())
-        _check_layout_and_halo(dist.get_world_size(), dist.get_rank())
+        if cuda:
+            _check_cuda_bf16(dist.get_world_size(), dist.get_rank())
+        else:
+            _check_attention(dist.get_world_size(), dist.get_rank())
+            _check_layout_and_halo(dist.get_world_size(), dist.get_rank())
     finally:
         dist.destroy_process_group()
     sys.exit(0)

@@ -31,7 +31,7 @@ Everything here uses ``torch.distributed`` only; the gloo backend works on the C
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -263,14 +263,13 @@ class ContextParallel:
     (RoPE) and the previous token of each of them (a token shift), which crosses shard edges."""
 
     group: dist.ProcessGroup | None = None
+    world_size: int = field(init=False)
+    rank: int = field(init=False)
 
-    @property
-    def world_size(self) -> int:
-        return _world(self.group)[0]
-
-    @property
-    def rank(self) -> int:
-        return _world(self.group)[1]
+    def __post_init__(self):  # read once: the layer's compiled code then sees plain numbers
+        world, rank = _world(self.group)
+        object.__setattr__(self, "world_size", world)
+        object.__setattr__(self, "rank", rank)
 
     def __call__(self, q, k, v, log_fgate, *, seq_start=None, cu_seqlens=None, sm_scale=None,
                  adaptive_threshold=None, window_size=None, options=None):
@@ -288,6 +287,7 @@ class ContextParallel:
         local = torch.arange(C, device=device)
         return torch.cat([local + first * C, local + second * C])
 
+    @torch.compiler.disable  # a collective inside an autograd.Function: eager under torch.compile
     def previous_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 2, C): the token before each of this rank's two chunks (zero before the sequence's first),
         from the last tokens of every rank's chunks (one small all-gather, with gradients), for x (B, T_local,
