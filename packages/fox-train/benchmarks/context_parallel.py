@@ -100,7 +100,7 @@ def _worker(args) -> None:
     if args.train_steps:
         from fox_train.data import bundled_documents, tokenize_documents
 
-        T = args.lengths[-1]
+        T = args.train_length or args.lengths[-1]
         tokens = np.asarray(tokenize_documents(bundled_documents(), JSONGPT2Tokenizer()))
         losses = []
         for s in range(args.train_steps):
@@ -124,6 +124,7 @@ def main(argv=None) -> None:
                    help="adaptive computation pruning (log_pruning_tolerance -10): at initialisation the gates forget "
                         "fast and most attention tiles are skipped; memory does not depend on it")
     p.add_argument("--train-steps", type=int, default=0)
+    p.add_argument("--train-length", type=int, help="tokens a step of the training run (default: the last length)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--timeout", type=int, default=540, help="seconds per degree")
     p.add_argument("--out", default="context_parallel.json")
@@ -139,6 +140,7 @@ def main(argv=None) -> None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={d}", __file__,
                    "--worker", "--results", str(results), "--preset", args.preset, "--steps", str(args.steps),
                    "--lr", str(args.lr), "--train-steps", str(args.train_steps if d == max(args.degrees) else 0),
+                   *(["--train-length", str(args.train_length)] if args.train_length else []),
                    "--lengths", *map(str, args.lengths), *(["--checkpointing"] if args.checkpointing else []),
                    *(["--pruning"] if args.pruning else [])]
             try:
