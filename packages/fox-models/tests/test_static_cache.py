@@ -190,9 +190,11 @@ def test_generate_chooses_whether_the_static_step_is_compiled(monkeypatch):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
 
+    from fox_models.compat import CACHE_KWARG
+
     model = tiny_model("fox-llama")
     cache = model.static_cache(8)
-    kwargs = {"past_key_values": cache}
+    kwargs = {CACHE_KWARG: cache}  # generate()'s model_kwargs
     assert model._valid_auto_compile_criteria(kwargs, GenerationConfig()) is False
     assert cache.compile_config is None  # on the CPU
     monkeypatch.setattr(type(model), "device", property(lambda self: torch.device("cuda")))

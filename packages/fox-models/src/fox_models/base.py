@@ -19,7 +19,16 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, bare_linear, decay_time_bias
 from fox_models.cache import FoxCache, LayerCache
-from fox_models.compat import GenerationMixin
+from fox_models.compat import (
+    CACHE_KWARG,
+    GenerationMixin,
+    cache_field,
+    get_cache,
+    normalize_cache_kwargs,
+    output_cache,
+    pick_cache,
+    set_cache,
+)
 from fox_models.loss import IGNORE_INDEX, per_token_cross_entropy
 from fox_models.static_cache import StaticFoxCache
 
@@ -53,6 +62,16 @@ def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | N
     return None if int(seq_start.max()) == 0 else seq_start
 
 
+def check_attention_mask(attention_mask: torch.Tensor, batch: int, past: int, new: int) -> None:
+    """A one-line ValueError unless ``attention_mask`` is (B, cached + new tokens), the 2-D padding mask that
+    the model reads (a shorter or longer mask would pad other tokens than the caller meant)."""
+    expected = (batch, past + new)
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != expected:
+        where = f"{past} cached + {new} new tokens" if past else f"{new} tokens"
+        raise ValueError(f"attention_mask must have shape {expected} (batch, {where}), got "
+                         f"{tuple(attention_mask.shape)}")
+
+
 class _FoxPreTrainedBase(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -78,7 +97,7 @@ class _FoxPreTrainedBase(PreTrainedModel):
         return len(layers)
 
     # The backbones' forward in three parts, shared by FoX, the Transformer and the recurrent baselines.
-    def _start(self, input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states):
+    def _start(self, input_ids, inputs_embeds, attention_mask, cache, use_cache, output_hidden_states):
         """-> (embedded x, cache or None, cached length, seq_start (left padding) or None, use_cache,
         output_hidden_states)."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -86,18 +105,15 @@ class _FoxPreTrainedBase(PreTrainedModel):
         x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        cache = past_key_values
         if cache is not None and not isinstance(cache, LayerCache):
-            raise TypeError(f"past_key_values must be this model's cache ({type(self.new_cache()).__name__}, from "
+            raise TypeError(f"{CACHE_KWARG} must be this model's cache ({type(self.new_cache()).__name__}, from "
                             f"model.new_cache()), got {type(cache).__name__}")
         if use_cache and cache is None:
             cache = self.new_cache()
         past = 0 if cache is None else cache.get_seq_length()
         seq_start = None
         if attention_mask is not None:
-            if past > 0 and attention_mask.dim() == 2 and attention_mask.shape[1] != past + x.shape[1]:
-                raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, expected cache {past} "
-                                 f"+ new {x.shape[1]}")
+            check_attention_mask(attention_mask, x.shape[0], past, x.shape[1])
             # with a cache the padding was read at the prefill and lives in the cache's states; generate()
             # appends ones after right-padded prompts, so later masks need not be one run of ones
             if past == 0:
@@ -130,7 +146,7 @@ class _FoxPreTrainedBase(PreTrainedModel):
         x = self.final_norm(x)
         if hidden is not None:
             hidden.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache if use_cache else None,
+        return BaseModelOutputWithPast(last_hidden_state=x, **cache_field(cache if use_cache else None),
                                        hidden_states=tuple(hidden) if hidden is not None else None,
                                        attentions=tuple(weights) if weights is not None else None)
 
@@ -188,25 +204,28 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         return False  # the cache is the model's own (new_cache), made in _prepare_cache_for_generation
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        """``generate()`` makes a ``DynamicCache`` for most models; these models need their own cache."""
-        cache = model_kwargs.get("past_key_values")
+        """``generate()`` makes a ``DynamicCache`` for most models; these models need their own cache, put in
+        ``model_kwargs`` under the name this transformers release's generation loop reads (``CACHE_KWARG``)."""
+        normalize_cache_kwargs(model_kwargs)
+        cache = get_cache(model_kwargs)
         if cache is not None:
             if not isinstance(cache, LayerCache):
-                raise TypeError(f"past_key_values must be this model's cache ({type(self.model.new_cache()).__name__}, "
+                raise TypeError(f"{CACHE_KWARG} must be this model's cache ({type(self.model.new_cache()).__name__}, "
                                 f"from model.model.new_cache()), got {type(cache).__name__}")
             return super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         if generation_config.use_cache is False:
             return
         if generation_config.cache_implementation == "static":
             max_cache_length = kwargs.get("max_cache_length", args[-1] if args else generation_config.max_length - 1)
-            model_kwargs["past_key_values"] = self.static_cache(max_cache_length)
+            set_cache(model_kwargs, self.static_cache(max_cache_length))
             return
         if generation_config.cache_implementation not in (None, "dynamic"):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                              "these models decode with their own growing cache, or a static one (\"static\")")
-        model_kwargs["past_key_values"] = self.model.new_cache()
+        cache = self.model.new_cache()
         if generation_config.is_assistant:  # an assistant's cache is rolled back after each round
-            model_kwargs["past_key_values"].activate_past_recording()
+            cache.activate_past_recording()
+        set_cache(model_kwargs, cache)
 
     def static_cache(self, capacity: int) -> StaticFoxCache:
         """An empty ``StaticFoxCache`` of ``capacity`` tokens per row (``generate(...,
@@ -224,23 +243,32 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         cache.reset()
         return cache
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None,
-                                      inputs_embeds=None, use_cache=True, **kwargs):
+    def _prepare_model_inputs(self, *args, **kwargs):
+        """transformers' choice of the prompt tensor, and a check that ``attention_mask`` covers it: generate()
+        drops a mask of ones before the model sees it, so a mask of the wrong length would pass unnoticed."""
+        inputs, input_name, model_kwargs = super()._prepare_model_inputs(*args, **kwargs)
+        mask = model_kwargs.get("attention_mask")
+        if mask is not None and inputs is not None and input_name in ("input_ids", "inputs_embeds"):
+            check_attention_mask(mask, inputs.shape[0], 0, inputs.shape[1])
+        return inputs, input_name, model_kwargs
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs):
         """transformers' preparation (the new tokens, or the prompt's embeddings at the first step; every
-        other keyword forwarded), with this model's cache; positions are not needed."""
-        if use_cache and past_key_values is None:
-            past_key_values = self.model.new_cache()
+        other keyword forwarded), with this model's cache under ``CACHE_KWARG`` (a new one when none is
+        given and ``use_cache`` is on); positions are not needed."""
+        normalize_cache_kwargs(kwargs)
+        if kwargs.get("use_cache", True) and get_cache(kwargs) is None:
+            set_cache(kwargs, self.model.new_cache())
+        kwargs.setdefault("use_cache", True)
         kwargs.pop("position_ids", None)
-        return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values,
-                                                     attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                                                     use_cache=use_cache, **kwargs)
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         position_ids=None,
-        past_key_values: FoxCache | None = None,
+        cache: FoxCache | None = None,
         inputs_embeds=None,
         labels=None,
         use_cache: bool | None = None,
@@ -251,6 +279,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         logits_to_keep: int = 0,
         per_token_loss: bool = False,
         num_items_in_batch=None,
+        past_key_values: FoxCache | None = None,
         **kwargs,
     ):
         """Hugging Face's causal-LM call. ``labels`` (B, T) are the input ids: the model shifts them (the
@@ -262,13 +291,16 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         output at t is scored against label t, and the loss is per token, (B, T) float32 (0 where a label
         is -100), with ``logits=None`` (no (B, T, V) tensor at long context).
 
+        ``cache`` is this model's cache (``model.model.new_cache()``, or a ``StaticFoxCache``);
+        ``past_key_values`` is its older name, accepted too.
+
         ``position_ids`` are accepted and not used: FoX has no positions, and the Transformer's RoPE
         positions follow from the padding and the cache (the default position ids).
 
         With a ``StaticFoxCache`` on a GPU, a decoding step (one new token per row, no labels, no extra
         outputs) is replayed as a CUDA graph (``StaticFoxCache.decode``); it returns only the logits and
         the cache."""
-        cache = past_key_values
+        cache = pick_cache(cache, past_key_values)
         if isinstance(cache, StaticFoxCache):
             if output_attentions:
                 raise ValueError("output_attentions needs the default cache (a static cache's buffers are longer "
@@ -277,10 +309,11 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
                     and cu_seqlens is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
                 step = self._decode_step if cache.compile_config is None else self._compiled_decode_step(cache.compile_config)
                 logits = cache.decode(functools.partial(step, cache=cache), input_ids)
-                output = CausalLMOutputWithPast(logits=logits, past_key_values=cache)
+                output = CausalLMOutputWithPast(logits=logits, **cache_field(cache))
                 return output if return_dict is not False else output.to_tuple()
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
+            # the older name of the cache keyword: every backbone takes it
+            input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_hidden_states=output_hidden_states,
             output_attentions=output_attentions, cu_seqlens=cu_seqlens, return_dict=True,
         )
@@ -298,7 +331,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
                 per_token = self._per_token_loss(h[:, :-1], labels[:, 1:], fused)
                 count = num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != IGNORE_INDEX).sum()
                 loss = per_token.sum() / count
-        output = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+        output = CausalLMOutputWithPast(loss=loss, logits=logits, **cache_field(output_cache(out)),
                                         hidden_states=out.hidden_states, attentions=out.attentions)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return output if return_dict else output.to_tuple()
@@ -335,7 +368,7 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         decoding step of a ``StaticFoxCache`` on a GPU (fusing its small operations before the step is
         captured as a CUDA graph), with ``generation_config.compile_config`` (default: transformers'
         ``CompileConfig()``); ``generation_config.disable_compile=True`` keeps it eager."""
-        cache = model_kwargs.get("past_key_values")
+        cache = get_cache(model_kwargs)
         if isinstance(cache, StaticFoxCache):
             compile_ok = not generation_config.disable_compile and self.device.type == "cuda"
             cache.compile_config = (generation_config.compile_config or CompileConfig()) if compile_ok else None

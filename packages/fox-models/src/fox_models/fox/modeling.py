@@ -10,6 +10,7 @@ from fox_kernel.ops.checks import values_checkable
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCache
+from fox_models.compat import pick_cache
 from fox_models.fox.configuration import ForgettingTransformerConfig
 
 
@@ -62,20 +63,23 @@ class _FoxBackbone(_FoxPreTrainedBase):
         self,
         input_ids=None,
         attention_mask=None,
-        past_key_values: FoxCache | None = None,
+        cache: FoxCache | None = None,
         inputs_embeds=None,
         use_cache: bool | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         cu_seqlens=None,
         return_dict: bool | None = None,
+        past_key_values: FoxCache | None = None,
         **kwargs,
     ):
         """``output_attentions=True``: every layer's attention weights (B, H, T, T_keys), computed explicitly
-        (float32 softmax of s q.k + c_i - c_j with the causal and padding masks; slow, O(T^2) memory)."""
+        (float32 softmax of s q.k + c_i - c_j with the causal and padding masks; slow, O(T^2) memory).
+        ``past_key_values`` is the older name of ``cache``."""
         _check_input_ids(input_ids, self.embeddings.num_embeddings)
         x, cache, _, seq_start, use_cache, output_hidden_states = self._start(
-            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
+            input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
+            output_hidden_states)
         if output_attentions is None:
             output_attentions = self.config.output_attentions
         x, hidden, weights = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, cu_seqlens),

@@ -14,6 +14,7 @@ from transformers.cache_utils import Cache
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP, bare_linear
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCacheLayer, LayerCache
+from fox_models.compat import pick_cache
 from fox_models.mamba2.modeling import CausalConv1d
 from fox_models.recurrent import RecurrentState, _real_tokens
 from fox_models.samba.configuration import SambaConfig
@@ -173,9 +174,11 @@ class SambaModel(_SambaInit, _FoxPreTrainedBase):
     def final_norm(self, x):
         return self.norm_f(x)
 
-    def forward(self, input_ids=None, attention_mask=None, past_key_values: SambaCache | None = None,
+    def forward(self, input_ids=None, attention_mask=None, cache: SambaCache | None = None,
                 inputs_embeds=None, use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                output_attentions: bool | None = None, cu_seqlens=None, return_dict: bool | None = None, **kwargs):
+                output_attentions: bool | None = None, cu_seqlens=None, return_dict: bool | None = None,
+                past_key_values: SambaCache | None = None, **kwargs):
+        """``past_key_values`` is the older name of ``cache``."""
         if output_attentions:
             raise ValueError("output_attentions=True is not supported by SAMBA (half of its layers are Mamba "
                              "layers, which have no attention weights)")
@@ -183,7 +186,8 @@ class SambaModel(_SambaInit, _FoxPreTrainedBase):
             raise ValueError("cu_seqlens (packed sequences) is not supported by SAMBA (its Mamba scan runs across "
                              "sequence boundaries); pass a left-padded batch with attention_mask")
         x, cache, past, seq_start, use_cache, output_hidden_states = self._start(
-            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
+            input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
+            output_hidden_states)
         real = _real_tokens(seq_start, past, x.shape[0], x.shape[1], x.device)
         x, hidden, _ = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, real))
         if cache is not None:  # the attention layers' states count their own tokens
