@@ -7,8 +7,9 @@
     fox-eval generate --model DIR "prompt"
     fox-eval inspect --model DIR --text FILE [--layers 0 5] [--heads 0 1]
 
-Offline by default: nothing is fetched from the Hugging Face Hub unless ``--online`` is given (or
-HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set to 0 in the environment).
+Each command writes its results to ``--out`` (default ``outputs/eval/<command>`` under the working directory,
+e.g. ``outputs/eval/niah``). Offline by default: nothing is fetched from the Hugging Face Hub unless
+``--online`` is given (or HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are set to 0 in the environment).
 """
 
 from __future__ import annotations
@@ -19,22 +20,27 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
-from fox_eval.loading import resolve_device
+# torch, transformers and fox_models are imported inside the command that runs, after its arguments are
+# checked: `fox-eval --help` and an argument error answer at once instead of after seconds of imports.
 
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+OUT_ROOT = "outputs/eval"  # the default --out is OUT_ROOT/<command>; git ignores outputs/
 
 
 def _per_token_loss(args) -> None:
-    import fox_models
-    from fox_eval.data import load_sequences
+    from fox_eval.data import check_spec
     from fox_eval.loading import check_model_dir, model_labels
-    from fox_eval.per_token_loss import run
 
     for path in args.model:
         check_model_dir(path)
     labels = model_labels(args.model, args.labels)
+    check_spec(args.data)
+
+    import fox_models
+    from fox_eval.data import load_sequences
+    from fox_eval.loading import resolve_device
+    from fox_eval.per_token_loss import run
+
     device = resolve_device(args.device)
     seqs = load_sequences(args.data, args.seq_len, args.limit, fox_models.JSONGPT2Tokenizer())
     curves = run(args.model, seqs, Path(args.out), args.batch_size, device, args.train_len, labels)
@@ -44,7 +50,13 @@ def _per_token_loss(args) -> None:
 
 
 def _generate(args) -> None:
-    from fox_eval.loading import autocast, load_model, load_tokenizer
+    from fox_eval.loading import check_model_dir
+
+    check_model_dir(args.model)
+
+    import torch
+
+    from fox_eval.loading import autocast, load_model, load_tokenizer, resolve_device
 
     device = resolve_device(args.device)
     model = load_model(args.model, device)
@@ -58,19 +70,28 @@ def _generate(args) -> None:
 
 
 def _inspect(args) -> None:
-    import fox_models
-    from fox_eval.data import load_sequences
-    from fox_eval.inspect_cmd import run
-    from fox_eval.loading import load_model
-    from fox_models.inspect import NoForgetGateError
+    from fox_eval.data import check_spec
+    from fox_eval.loading import check_model_dir
 
     if (args.text is None) == (args.data is None):
         raise ValueError("pass exactly one of --text FILE and --data SPEC")
+    check_model_dir(args.model)
+    if args.text is not None and not Path(args.text).exists():
+        raise FileNotFoundError(f"--text {args.text!r} does not exist")
+    if args.data is not None:
+        check_spec(args.data)
+
+    import torch
+
+    import fox_models
+    from fox_eval.data import load_sequences
+    from fox_eval.inspect_cmd import run
+    from fox_eval.loading import load_model, resolve_device
+    from fox_models.inspect import NoForgetGateError
+
     model = load_model(args.model, resolve_device(args.device))
     tok = fox_models.JSONGPT2Tokenizer()
     if args.text is not None:
-        if not Path(args.text).exists():
-            raise FileNotFoundError(f"--text {args.text!r} does not exist")
         ids = tok(Path(args.text).read_text(encoding="utf-8"), return_tensors="pt")["input_ids"][:, : args.max_tokens]
     else:
         ids = torch.from_numpy(load_sequences(args.data, args.max_tokens, 1, tok))
@@ -87,7 +108,7 @@ def _inspect(args) -> None:
 
 def _niah(args) -> None:
     from fox_eval import niah
-    from fox_eval.loading import check_model_dir, load_model, load_tokenizer
+    from fox_eval.loading import check_model_dir, load_model, load_tokenizer, resolve_device
 
     check_model_dir(args.model)
     bad_depths = [d for d in args.depths or [] if not 0 <= d <= 100]
@@ -112,7 +133,6 @@ def _niah(args) -> None:
 
 
 def _harness(args) -> None:
-    from fox_eval import harness
     from fox_eval.loading import check_model_dir, model_labels
 
     for path in args.model:
@@ -120,6 +140,10 @@ def _harness(args) -> None:
     labels = model_labels(args.model, args.labels)
     if args.include_path and not Path(args.include_path).exists():
         raise FileNotFoundError(f"--include-path {args.include_path!r} does not exist")
+
+    from fox_eval import harness
+    from fox_eval.loading import resolve_device
+
     tasks = list(harness.PAPER_TASKS) if args.tasks == ["paper"] else args.tasks
     device = str(resolve_device(args.device))
     _, md = harness.run(args.model, tasks, Path(args.out), args.include_path, args.limit, args.batch_size, device,
@@ -131,7 +155,7 @@ def _longbench(args) -> None:
     import json
 
     from fox_eval import longbench
-    from fox_eval.loading import check_model_dir, model_labels
+    from fox_eval.loading import check_model_dir, model_labels, resolve_device
 
     for path in args.model:
         check_model_dir(path)
@@ -159,6 +183,9 @@ def _longbench(args) -> None:
     print(md)
 
 
+OUT_HELP = "folder for the results, created if missing (default: %(default)s, under the working directory)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="fox-eval", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -176,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="at most this many sequences (>= 1)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--train-len", type=int, default=None, help="training context length, marked on the plot")
-    p.add_argument("--out", default="eval/per_token_loss")
+    p.add_argument("--out", default=f"{OUT_ROOT}/per_token_loss", help=OUT_HELP)
     p.set_defaults(func=_per_token_loss)
     g = sub.add_parser("generate", parents=[common], help="continue a prompt")
     g.add_argument("--model", required=True)
@@ -193,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--layers", type=int, nargs="*", default=None, help="layers to draw (default: first and last)")
     i.add_argument("--heads", type=int, nargs="*", default=None, help="heads to draw (default: all)")
     i.add_argument("--block", type=int, default=128, help="tile size for the pruning count")
-    i.add_argument("--out", default="eval/inspect")
+    i.add_argument("--out", default=f"{OUT_ROOT}/inspect", help=OUT_HELP)
     i.set_defaults(func=_inspect)
     n = sub.add_parser("niah", parents=[common], help="needle in a haystack, the paper's prompts, heat map")
     n.add_argument("--model", required=True)
@@ -205,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--limit", type=int, default=None, help="only the first N (length, depth) cells")
     n.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL (key: $FOX_EVAL_JUDGE_API_KEY)")
     n.add_argument("--judge-model", default="gpt-4o-2024-08-06", help="the paper's judge by default")
-    n.add_argument("--out", default="eval/niah")
+    n.add_argument("--out", default=f"{OUT_ROOT}/niah", help=OUT_HELP)
     n.set_defaults(func=_niah)
     h = sub.add_parser("harness", parents=[common], help="lm-eval-harness tasks, one table across models")
     h.add_argument("--model", nargs="+", required=True, help=models_help)
@@ -215,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--limit", type=float, default=None, help="examples per task (or a fraction below 1)")
     h.add_argument("--batch-size", type=int, default=1)
     h.add_argument("--max-length", type=int, default=16384, help="longest context in tokens (the paper: 16384)")
-    h.add_argument("--out", default="eval/harness")
+    h.add_argument("--out", default=f"{OUT_ROOT}/harness", help=OUT_HELP)
     h.set_defaults(func=_harness)
     lb = sub.add_parser("longbench", parents=[common], help="LongBench v1, the 14 English tasks, one table")
     lb.add_argument("--model", nargs="+", required=True, help=models_help)
@@ -225,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--prompts", default=None, help="a dataset2prompt.json to use instead of LongBench's prompts")
     lb.add_argument("--budget", type=int, default=15500, help="prompt tokens kept (middle truncation)")
     lb.add_argument("--limit", type=int, default=None, help="samples per task")
-    lb.add_argument("--out", default="eval/longbench")
+    lb.add_argument("--out", default=f"{OUT_ROOT}/longbench", help=OUT_HELP)
     lb.set_defaults(func=_longbench)
     return ap
 

@@ -9,6 +9,21 @@ import numpy as np
 EOT = 50256
 
 
+KINDS = ("tokens", "text", "zarr")
+
+
+def check_spec(spec: str) -> tuple[str, Path]:
+    """The kind and path of a ``--data`` spec; one-line errors for a malformed spec or a missing path."""
+    kind, _, path = spec.partition(":")
+    if not path:
+        raise ValueError(f"--data must look like tokens:PATH, text:PATH or zarr:PATH, got {spec!r}")
+    if not Path(path).exists():
+        raise FileNotFoundError(f"--data path {path!r} does not exist")
+    if kind not in KINDS:
+        raise ValueError(f"--data kind must be tokens, text or zarr, got {kind!r}")
+    return kind, Path(path)
+
+
 def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -> np.ndarray:
     """(N, seq_len) int64 sequences from ``tokens:PATH`` (.npy/.bin), ``text:PATH`` (.txt file or
     folder, JSON-GPT-2 tokenized, documents joined by EOT) or ``zarr:PATH`` (documents x length)."""
@@ -16,12 +31,7 @@ def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -
         raise ValueError(f"--limit must be >= 1, got {limit}")
     if seq_len < 1:
         raise ValueError(f"--seq-len must be >= 1, got {seq_len}")
-    kind, _, path = spec.partition(":")
-    if not path:
-        raise ValueError(f"--data must look like tokens:PATH, text:PATH or zarr:PATH, got {spec!r}")
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"--data path {path!r} does not exist")
+    kind, p = check_spec(spec)
     if kind == "zarr":
         try:
             import zarr
@@ -34,7 +44,7 @@ def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -
         return np.asarray(arr[:n, :seq_len], dtype=np.int64)
     if kind == "tokens":
         if p.is_dir():
-            raise ValueError(f"--data tokens:{path} must be a .npy or .bin file, not a directory")
+            raise ValueError(f"--data {spec} must be a .npy or .bin file, not a directory")
         try:
             stream = np.load(p, mmap_mode="r") if p.suffix == ".npy" else np.memmap(p, dtype=np.uint16, mode="r")
         except (OSError, ValueError) as e:
@@ -47,8 +57,6 @@ def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -
         docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
         ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
         stream = np.fromiter((t for d in ids for t in (*d, EOT)), dtype=np.int64)
-    else:
-        raise ValueError(f"--data kind must be tokens, text or zarr, got {kind!r}")
     n = len(stream) // seq_len
     if n == 0:
         raise ValueError(f"--data holds {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}")

@@ -7,8 +7,13 @@ import contextlib
 import hashlib
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that use it: the CLI imports this module to check its arguments, and
+# `fox-eval --help` or an argument error must not wait for torch.
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 EXPORT_FOLDER = "hf"  # `fox-train` exports a run to RUN/hf: the run's name says more than "hf"
@@ -16,6 +21,8 @@ EXPORT_FOLDER = "hf"  # `fox-train` exports a run to RUN/hf: the run's name says
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` (a GPU when there is one), ``cpu``, ``cuda`` or ``cuda:i``."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -32,12 +39,16 @@ def resolve_device(name: str) -> torch.device:
 
 def autocast(device: torch.device | str):
     """bf16 autocast on a GPU, as the paper evaluates (weights stay float32); nothing on the CPU."""
+    import torch
+
     if torch.device(device).type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
 def precision(device: torch.device | str) -> str:
+    import torch
+
     return "bf16-autocast" if torch.device(device).type == "cuda" else "float32"
 
 

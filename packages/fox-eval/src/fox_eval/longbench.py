@@ -15,13 +15,18 @@ import re
 import string
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from tqdm.auto import tqdm
 
 from fox_eval.loading import autocast, load_model, load_tokenizer, model_labels, precision
 from fox_eval.tables import tables
+
+if TYPE_CHECKING:
+    import torch
+
+# torch and tqdm are imported inside the functions that run models: the CLI imports this module to check
+# --tasks, and an argument error must not wait for torch.
 
 TASKS = ["narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique", "gov_report", "qmsum",
          "multi_news", "trec", "triviaqa", "samsum", "lcc", "repobench-p"]
@@ -174,10 +179,12 @@ def truncate_middle(ids: list[int], budget: int) -> list[int]:
     return ids[:half] + ids[len(ids) - (budget - half):]
 
 
-@torch.no_grad()
 def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: int = 15500, limit: int | None = None,
         prompts: dict | None = None) -> dict:
     """One model: task -> score (0-100) and their average; predictions in ``out/<task>.jsonl``."""
+    import torch
+    from tqdm.auto import tqdm
+
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for task in tasks:
@@ -191,7 +198,7 @@ def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: i
             prompt = template.format(context=row.get("context", ""), input=row.get("input", ""))
             ids = truncate_middle(tokenizer(prompt)["input_ids"], budget)
             x = torch.tensor([ids], device=model.device)
-            with autocast(model.device):
+            with torch.no_grad(), autocast(model.device):
                 gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_NEW_TOKENS[task],
                                      do_sample=False, num_beams=1, eos_token_id=tokenizer.eos_token_id,
                                      pad_token_id=tokenizer.eos_token_id)
@@ -213,6 +220,8 @@ def run_models(models: list[str], data_dir: Path, out: Path, tasks: list[str], b
                labels: list[str] | None = None) -> tuple[dict[str, dict[str, float]], str]:
     """Each model folder in turn (its predictions under ``out/<label>/``), then longbench.json and
     longbench.md / longbench.tex with one row per model and one column per task, as the paper's table."""
+    import torch
+
     names = model_labels(models, labels)
     per_model = {}
     for path, name in zip(models, names):

@@ -21,8 +21,6 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import torch
-from tqdm.auto import tqdm
 
 from fox_eval.loading import autocast
 
@@ -164,11 +162,12 @@ def score_with_judge(prediction: str, url: str, model: str = JUDGE_MODEL, api_ke
     return float(m.group(1)) if m else None
 
 
-@torch.no_grad()
 def generate(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
     """Greedy continuation of ``ids`` (bf16 autocast on a GPU), decoded and stripped as the official script."""
+    import torch  # here, not at the top: the CLI imports this module to check --lengths before loading torch
+
     x = torch.tensor([ids], device=model.device)
-    with autocast(model.device):
+    with torch.no_grad(), autocast(model.device):
         gen = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False,
                              num_beams=1, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
     return tokenizer.decode(gen[0, len(ids):], skip_special_tokens=True).strip()
@@ -176,6 +175,8 @@ def generate(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
 
 def run(model, tokenizer, out: Path, mode: str, lengths=None, depths=None, max_new_tokens: int = MAX_NEW_TOKENS,
         limit: int | None = None, judge: dict | None = None, haystack: str | Path | None = None) -> dict:
+    from tqdm.auto import tqdm
+
     lengths, depths = lengths or LENGTHS, depths or DEPTHS
     needle_tokens = len(tokenizer(needle_text(mode), add_special_tokens=False)["input_ids"])
     hay = haystack_ids(tokenizer, haystack_text(haystack), max(1, max(lengths) - RESERVED_TOKENS - needle_tokens))
