@@ -51,6 +51,12 @@ def _worker(args) -> None:
         for m in model.modules():
             if isinstance(m, ForgettingAttentionLayer):
                 m.attention_kernel = cp
+    if args.fsdp:  # parameters, gradients and optimizer state sharded over the ranks (FSDP2), as fox-train can
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.model.layers:
+            fully_shard(block)
+        fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True)
     n_params = sum(p.numel() for n, p in model.named_parameters() if n != "model.embeddings.weight")
     peak = peak_flops(device)
@@ -67,7 +73,7 @@ def _worker(args) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = model(input_ids=inputs, labels=labels, per_token_loss=True, use_cache=False).loss.mean()
         loss.backward()
-        if world > 1:  # each rank's loss is the mean over its tokens: average the gradients (one all-reduce)
+        if world > 1 and not args.fsdp:  # each rank's loss is the mean over its tokens: average the gradients
             grads = [p.grad for p in model.parameters()]
             flat = torch._utils._flatten_dense_tensors(grads) / world
             dist.all_reduce(flat)
@@ -93,7 +99,7 @@ def _worker(args) -> None:
         mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=device)
         dist.all_reduce(mem, op=dist.ReduceOp.MAX)
         row = {"preset": args.preset, "degree": world, "seq_len": T, "checkpointing": args.checkpointing,
-               "pruning": args.pruning,
+               "pruning": args.pruning, "fsdp": args.fsdp,
                "step_s": dt, "tokens_per_s": T / dt, "peak_mem_gib": mem.item(),
                "mfu": flops_per_token(config, T, n_params) * T / dt / (peak * world) if peak else None}
         record(row)
@@ -123,6 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--pruning", action="store_true",
                    help="adaptive computation pruning (log_pruning_tolerance -10): at initialisation the gates forget "
                         "fast and most attention tiles are skipped; memory does not depend on it")
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 over the ranks (else replicated parameters)")
     p.add_argument("--train-steps", type=int, default=0)
     p.add_argument("--train-length", type=int, help="tokens a step of the training run (default: the last length)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -142,7 +149,7 @@ def main(argv=None) -> None:
                    "--lr", str(args.lr), "--train-steps", str(args.train_steps if d == max(args.degrees) else 0),
                    *(["--train-length", str(args.train_length)] if args.train_length else []),
                    "--lengths", *map(str, args.lengths), *(["--checkpointing"] if args.checkpointing else []),
-                   *(["--pruning"] if args.pruning else [])]
+                   *(["--pruning"] if args.pruning else []), *(["--fsdp"] if args.fsdp else [])]
             try:
                 run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
                 failure = None if run.returncode == 0 else run.stderr
@@ -172,7 +179,7 @@ def main(argv=None) -> None:
 
     meta = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "torch": torch.__version__, "checkpointing": args.checkpointing,
-            "pruning": args.pruning}
+            "pruning": args.pruning, "fsdp": args.fsdp}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows, "train": train}, indent=1))
 
 

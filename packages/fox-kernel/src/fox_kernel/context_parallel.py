@@ -176,24 +176,40 @@ class _ContextParallelAttention(torch.autograd.Function):
         group, sm_scale, window, options = ctx.args
         world, rank = _world(group)
         K, V, G = _gather_kvg(k, v, log_fgate, group)
-        B, T, Hkv, D = K.shape
+        B, T_local, Hkv, D = k.shape
+        C = T_local // 2
+        # The gradients of every rank's K|V and gates, summed here in float32 and laid out in rank order
+        # (world, B, 2C, ...), so that the reduce-scatter hands each rank its own without another copy.
         acc = torch.promote_types(k.dtype, torch.float32)
-        dK = K.new_zeros((B, T, Hkv, D), dtype=acc)
-        dV = torch.zeros_like(dK)
-        dG = torch.zeros_like(G, dtype=torch.promote_types(G.dtype, torch.float32))
+        dkv_all = k.new_zeros((world, B, T_local, Hkv, 2 * D), dtype=acc)
+        dg_all = log_fgate.new_zeros((world, *log_fgate.shape), dtype=torch.promote_types(G.dtype, torch.float32))
+        kv_chunks, g_chunks = _chunk_views(dkv_all, world), _chunk_views(dg_all, world)
         dq = torch.empty_like(q)
-        for i, (rows, end) in enumerate(_chunk_calls(world, rank, q.shape[1])):
+        for i, (rows, end) in enumerate(_chunk_calls(world, rank, T_local)):
             dq_i, dk_i, dv_i, dg_i = _bwd_op(dout[:, rows].contiguous(), q[:, rows], K[:, :end], V[:, :end],
                                              G[:, :end], outs[i], lses[i], None, None, sm_scale, ctx.bounds[i],
                                              window, options)
             dq[:, rows] = dq_i
-            dK[:, :end] += dk_i
-            dV[:, :end] += dv_i
-            dG[:, :end] += dg_i
-        dkv = _reduce_scatter(_to_rank_order(torch.cat([dK, dV], dim=-1), world, 1), group)
-        dk, dv = dkv.split(D, dim=-1)
-        dg = _reduce_scatter(_to_rank_order(dG, world, 1), group)
+            for g in range(end // C):
+                keys = slice(g * C, (g + 1) * C)
+                kv_chunks[g][..., :D] += dk_i[:, keys]
+                kv_chunks[g][..., D:] += dv_i[:, keys]
+                g_chunks[g] += dg_i[:, keys]
+            del dk_i, dv_i, dg_i
+        del K, V, G
+        dk, dv = _reduce_scatter(dkv_all, group).split(D, dim=-1)
+        dg = _reduce_scatter(dg_all, group)
         return (dq, dk.to(k.dtype), dv.to(v.dtype), dg.to(log_fgate.dtype), None, None, None, None, None, None)
+
+
+def _chunk_views(stacked: torch.Tensor, world: int) -> list[torch.Tensor]:
+    """Views of a rank-ordered (world, B, 2C, ...) tensor by global chunk: index g is chunk g of the sequence."""
+    views: list[torch.Tensor | None] = [None] * (2 * world)
+    for r in range(world):
+        first, second = stacked[r].chunk(2, dim=1)
+        a, b = zigzag_chunks(world, r)
+        views[a], views[b] = first, second
+    return views
 
 
 @torch.compiler.disable  # collectives inside an autograd.Function: run eagerly under torch.compile
