@@ -252,16 +252,18 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
             check_attention_mask(mask, inputs.shape[0], 0, inputs.shape[1])
         return inputs, input_name, model_kwargs
 
-    def prepare_inputs_for_generation(self, input_ids, **kwargs):
+    def prepare_inputs_for_generation(self, input_ids, attention_mask=None, inputs_embeds=None, **kwargs):
         """transformers' preparation (the new tokens, or the prompt's embeddings at the first step; every
         other keyword forwarded), with this model's cache under ``CACHE_KWARG`` (a new one when none is
-        given and ``use_cache`` is on); positions are not needed."""
+        given and ``use_cache`` is on); positions are not needed. ``inputs_embeds`` is in the signature:
+        generate() looks for it there before it takes a prompt of embeddings."""
         normalize_cache_kwargs(kwargs)
         if kwargs.get("use_cache", True) and get_cache(kwargs) is None:
             set_cache(kwargs, self.model.new_cache())
         kwargs.setdefault("use_cache", True)
         kwargs.pop("position_ids", None)
-        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+        return super().prepare_inputs_for_generation(input_ids, attention_mask=attention_mask,
+                                                     inputs_embeds=inputs_embeds, **kwargs)
 
     def forward(
         self,

@@ -20,9 +20,10 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from fox_layers import AttentionState
+from fox_models.compat import CacheLayerCompat
 
 
-class ModelFilledLayer(CacheLayerMixin):
+class ModelFilledLayer(CacheLayerCompat, CacheLayerMixin):
     """A transformers cache layer that the model's own forward fills (never ``Cache.update``), holding
     ``length`` tokens and growing without a preset limit."""
 
