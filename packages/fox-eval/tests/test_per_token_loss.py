@@ -326,3 +326,27 @@ def test_interrupted_run_resumes_and_leaves_no_temporary_files(tmp_path, tiny_mo
     part.with_name(part.name + ".tmp.npz").write_bytes(b"cut")
     np.testing.assert_allclose(_ptl([path], data, out)["m"], _direct(model, seqs), rtol=1e-5)
     assert [f.name for f in (out / "partial").iterdir()] == [part.name]
+
+
+def test_context_parallel_per_token_loss_equals_one_process(tmp_path, tiny_model, held):
+    """Two gloo processes under torchrun, each scoring its zigzag shard of every sequence, write the curve one
+    process writes (float32: equal to rounding); a length that does not split is refused in one line."""
+    import os
+    import subprocess
+    import sys
+
+    path, _ = tiny_model
+    data, _ = held
+    args = ["per-token-loss", "--model", str(path), "--data", data, "--seq-len", "36", "--device", "cpu",
+            "--batch-size", "2"]
+    main([*args, "--out", str(tmp_path / "one")])
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "-m", "fox_eval.cli", *args, "--out", str(tmp_path / "two"), "--context-parallel"],
+                         capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("mean loss") == 1  # rank 0 reports
+    one, two = (np.load(tmp_path / d / "per_token_loss.npz")["m"] for d in ("one", "two"))
+    assert one.shape == two.shape == (36,)
+    np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
+    with pytest.raises(SystemExit, match="--context-parallel runs under torchrun"):
+        main([*args, "--out", str(tmp_path / "three"), "--context-parallel"])

@@ -27,6 +27,31 @@ OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFL
 OUT_ROOT = "outputs/eval"  # the default --out is OUT_ROOT/<command>; git ignores outputs/
 
 
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _init_context_parallel(device):
+    """Join the torchrun job this process is a rank of (NCCL on GPUs, gloo on the CPU); each rank takes GPU
+    LOCAL_RANK. Returns the rank's device."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" not in os.environ:
+        raise ValueError("--context-parallel runs under torchrun: torchrun --nproc_per_node=N -m fox_eval.cli "
+                         "per-token-loss --context-parallel ...")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
 def _per_token_loss(args) -> None:
     from fox_eval.data import check_spec
     from fox_eval.loading import check_model_dir, model_labels
@@ -42,8 +67,13 @@ def _per_token_loss(args) -> None:
     from fox_eval.per_token_loss import run
 
     device = resolve_device(args.device)
+    if args.context_parallel:
+        device = _init_context_parallel(device)
     seqs = load_sequences(args.data, args.seq_len, args.limit, fox_models.JSONGPT2Tokenizer())
-    curves = run(args.model, seqs, Path(args.out), args.batch_size, device, args.train_len, labels)
+    curves = run(args.model, seqs, Path(args.out), args.batch_size, device, args.train_len, labels,
+                 split=args.context_parallel)
+    if args.context_parallel and _rank() != 0:
+        return
     for name, c in curves.items():
         print(f"{name}: mean loss {c.mean():.4f} over {len(seqs)} sequences of {seqs.shape[1]} tokens")
     print(f"wrote {args.out}/per_token_loss.{{json,npz,png,pdf}}")
@@ -203,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="at most this many sequences (>= 1)")
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--train-len", type=int, default=None, help="training context length, marked on the plot")
+    p.add_argument("--context-parallel", action="store_true",
+                   help="under torchrun: split each sequence across the job's processes (sequences longer than "
+                        "one GPU holds); --seq-len a multiple of 2 x the processes")
     p.add_argument("--out", default=f"{OUT_ROOT}/per_token_loss", help=OUT_HELP)
     p.set_defaults(func=_per_token_loss)
     g = sub.add_parser("generate", parents=[common], help="continue a prompt")

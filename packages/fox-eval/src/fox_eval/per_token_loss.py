@@ -18,15 +18,46 @@ EOT = 50256
 
 
 @torch.no_grad()
-def sequence_losses(model, seqs: np.ndarray, batch_size: int, device: torch.device, bos: int = EOT, desc: str = ""):
-    """Yields (start, per-token loss (b, T) float64) batch by batch; inputs are [BOS] + seq[:-1]."""
-    for s in tqdm(range(0, len(seqs), batch_size), desc=desc, unit="batch"):
+def sequence_losses(model, seqs: np.ndarray, batch_size: int, device: torch.device, bos: int = EOT, desc: str = "",
+                    context=None):
+    """Yields (start, per-token loss (b, T) float64) batch by batch; inputs are [BOS] + seq[:-1]. ``context``:
+    a ``fox_kernel.context_parallel.ContextParallel`` that ``model`` runs under (``context_parallel``): each
+    rank scores its zigzag shard of every sequence, and every rank gets the whole sequences' losses."""
+    from fox_kernel.context_parallel import shard_sequence, unshard_sequence
+
+    quiet = context is not None and context.rank != 0
+    for s in tqdm(range(0, len(seqs), batch_size), desc=desc, unit="batch", disable=quiet):
         labels = torch.from_numpy(seqs[s : s + batch_size]).to(device)
         inputs = torch.roll(labels, 1, dims=1)
         inputs[:, 0] = bos
+        if context is not None:
+            inputs, labels = (shard_sequence(x, context.world_size, context.rank) for x in (inputs, labels))
         with autocast(device):
-            loss = model(input_ids=inputs, labels=labels, per_token_loss=True).loss
+            loss = model(input_ids=inputs, labels=labels, per_token_loss=True, use_cache=False).loss
+        if context is not None:
+            loss = unshard_sequence(loss.float().contiguous(), context.group, dim=1)
         yield s, loss.double().cpu().numpy()
+
+
+def context_parallel(model, seq_len: int):
+    """Run ``model``'s attention layers context-parallel over the default process group (every rank holds a
+    zigzag shard of each sequence); returns the ``ContextParallel``. Refuses models that cannot (recurrent
+    layers) and lengths that do not split, in one line."""
+    from fox_kernel.context_parallel import ContextParallel
+    from fox_layers import ForgettingAttentionLayer
+    from fox_models.registry import model_entry
+
+    entry = model_entry(model)
+    if not entry.context_parallel:
+        raise ValueError(f"--context-parallel: {entry.config_class.model_type} models do not run context-parallel "
+                         "(recurrent layers carry a state along the sequence)")
+    context = ContextParallel()
+    if seq_len % (2 * context.world_size):
+        raise ValueError(f"--seq-len must be a multiple of 2 x the number of processes = {2 * context.world_size} "
+                         f"with --context-parallel, got {seq_len}")
+    for layer in (m for m in model.modules() if isinstance(m, ForgettingAttentionLayer)):
+        layer.attention_kernel = context
+    return context
 
 
 def _feed(h, seqs: np.ndarray):
@@ -62,8 +93,12 @@ def _save_partial(part: Path, **arrays) -> None:
 
 
 def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device: torch.device, train_len: int | None,
-        labels: list[str] | None = None) -> dict[str, np.ndarray]:
+        labels: list[str] | None = None, split: bool = False) -> dict[str, np.ndarray]:
     """L(i) of each model folder over ``seqs`` (N, T), keyed by label (see ``loading.model_labels``).
+
+    ``split``: every process of the initialised default process group scores its shard of each sequence
+    (context parallelism, for sequences longer than one device holds); all return the curves, rank 0
+    writes the files.
 
     Resumable: each model's running sums go to ``out/partial/<fingerprint>-<precision>.npz`` after every batch,
     with the model's fingerprint (config and weights), the precision and a hash of the sequences done, so
@@ -73,7 +108,9 @@ def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device:
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     names = model_labels(models, labels)
-    (out / "partial").mkdir(parents=True, exist_ok=True)
+    writer = not split or torch.distributed.get_rank() == 0
+    if writer:
+        (out / "partial").mkdir(parents=True, exist_ok=True)
     curves = {}
     for path, name in zip(models, names):
         check_model_dir(path)
@@ -82,20 +119,29 @@ def run(models: list[str], seqs: np.ndarray, out: Path, batch_size: int, device:
         part = out / "partial" / f"{fingerprint[:32]}-{precision(device)}.npz"
         part.with_name(part.name + ".tmp.npz").unlink(missing_ok=True)  # left by a run killed mid-write
         total, done = _resume(part, key, seqs)
+        if split:  # every rank starts where rank 0's partial sums end
+            agreed = [(total, done)]
+            torch.distributed.broadcast_object_list(agreed, src=0)
+            total, done = agreed[0]
         if done < len(seqs):
             model = load_model(path, device)
+            context = context_parallel(model, seqs.shape[1]) if split else None
             vocab = model.config.vocab_size
             if seqs.min() < 0 or seqs.max() >= vocab:
                 bad = int(seqs.min()) if seqs.min() < 0 else int(seqs.max())
                 raise ValueError(f"--data holds token id {bad}, outside the vocabulary of --model {path!r} "
                                  f"(ids 0..{vocab - 1})")
             digest = _digest(seqs[:done])
-            for s, loss in sequence_losses(model, seqs[done:], batch_size, device, desc=name):
+            for s, loss in sequence_losses(model, seqs[done:], batch_size, device, desc=name, context=context):
                 total += loss.sum(0)
                 _feed(digest, seqs[done + s : done + s + len(loss)])
-                _save_partial(part, total=total, done=done + s + len(loss), key=key, seqs_digest=digest.hexdigest())
+                if writer:
+                    _save_partial(part, total=total, done=done + s + len(loss), key=key,
+                                  seqs_digest=digest.hexdigest())
             del model
         curves[name] = total / len(seqs)
+    if not writer:
+        return curves
     np.savez(out / "per_token_loss.npz", **curves)
     summary = {name: {"model": str(Path(path).resolve()), "mean": float(c.mean()), "first": float(c[0]),
                       "last_10pct": float(c[-max(1, len(c) // 10):].mean()), "prefix_mean": prefix_means(c)}
