@@ -146,15 +146,14 @@ def forgetting_attention(
             a gate touches (``ops/dispatch.py``), so calls without one cost one extra small launch per
             pass. NaN gates give NaN rows, never zeros. Log gates must be <= 0 (a forget gate in [0, 1]):
             the Triton kernels (CUDA, and the CPU under ``TRITON_INTERPRET=1``) assume prefix sums that
-            never increase (their fixed softmax bound and the pruning of key tiles), and return NaN or
-            wrong rows for a positive log gate; the PyTorch path (CPU) computes it exactly. This call
-            does not read the gates' values (on CUDA that would wait for the GPU);
-            ``ops.checks.check_log_gates_at_most_zero`` refuses positive ones where they can be read.
+            never increase (their fixed softmax bound and the pruning of key tiles), so a positive log gate
+            is refused with a ValueError where the gates can be read without waiting for the GPU (CPU
+            tensors, or CUDA with ``KernelOptions(check_gates=True)``); otherwise the Triton kernels
+            return NaN or wrong rows for it.
         head_first: tensors are (B, H, T, D) and log_fgate (B, H, T).
         seq_start: (B,) integers, first real token of each row (left padding); padded keys get no attention,
             their gates do not count, padded query rows return 0.
-        sm_scale: score scale, default ``D ** -0.5``; finite and positive (this call does not check it;
-            the decoding calls refuse others with ``ops.checks.check_sm_scale``).
+        sm_scale: score scale, default ``D ** -0.5``; a finite positive number (others raise ValueError).
         adaptive_threshold: skip blocks whose decay bias ``c_i - c_j`` stays below this (log space): None,
             a finite negative number, a tensor broadcastable to (B, H), ``pruning.AutoThreshold(ln eps)``
             for the bound from the q/k norms with that tolerance, or "auto" for it with eps = e^-10
@@ -213,8 +212,10 @@ def forgetting_attention(
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
     window = checks.check_window_size(window_size, Tk)
-    if sm_scale is None:
-        sm_scale = D**-0.5
+    if value_checks:  # read where it costs no wait for the GPU (CPU tensors, or KernelOptions.check_gates)
+        checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
+                                            (options if options is not None else current_options()).check_gates)
+    sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = None, None
     if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
