@@ -139,3 +139,19 @@ def test_decode_rows_longer_than_the_padding_so_far_are_fine():
     out = forgetting_attention_with_kvcache(q, k, v, c, _lens(12, 5), seq_start=torch.tensor([0, 30]),
                                             adaptive_threshold=-8.0)
     assert torch.isfinite(out).all() and out[1].abs().max() == 0
+
+
+def test_forgetting_attention_refuses_positive_log_gates_and_bad_scales():
+    """A positive log gate (a forget gate above 1) and a scale that is not a finite positive number are
+    refused at the call on CPU tensors, naming the argument; gates of 0 and below pass."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 7, 2, 8, generator=g)
+    lf = -torch.rand(1, 7, 2, generator=g)
+    forgetting_attention(q, q, q, lf)
+    bad = lf.clone()
+    bad[0, 3, 1] = 0.25
+    with pytest.raises(ValueError, match=r"log_fgate must be <= 0 .* at \(b, t, h\) = \(0, 3, 1\)"):
+        forgetting_attention(q, q, q, bad)
+    for scale in (float("inf"), float("nan"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="sm_scale must be None or a finite positive number"):
+            forgetting_attention(q, q, q, lf, sm_scale=scale)
