@@ -20,10 +20,9 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from fox_layers import AttentionState
-from fox_models.compat import CacheLayerCompat
 
 
-class ModelFilledLayer(CacheLayerCompat, CacheLayerMixin):
+class ModelFilledLayer(CacheLayerMixin):
     """A transformers cache layer that the model's own forward fills (never ``Cache.update``), holding
     ``length`` tokens and growing without a preset limit."""
 

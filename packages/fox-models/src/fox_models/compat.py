@@ -64,14 +64,5 @@ def output_cache(output):
     return getattr(output, CACHE_KWARG)
 
 
-class CacheLayerCompat:
-    """What a cache layer needs on some releases only: transformers 5.10 and older declare
-    ``get_max_cache_shape`` abstract (the maximum length, ``get_max_length`` later), so a layer without it
-    cannot be made."""
-
-    def get_max_cache_shape(self) -> int:
-        return self.get_max_length()
-
-
-__all__ = ["CacheLayerCompat", "CACHE_KWARG", "ConfigBase", "GenerationMixin", "TRANSFORMERS_MAJOR", "cache_field", "get_cache",
+__all__ = ["CACHE_KWARG", "ConfigBase", "GenerationMixin", "TRANSFORMERS_MAJOR", "cache_field", "get_cache",
            "normalize_cache_kwargs", "output_cache", "pick_cache", "set_cache"]
