@@ -20,7 +20,7 @@ from fox_models.presets import TINY_PRESETS
 from fox_train import checkpoint as ckpt
 from fox_train.cli import main
 from fox_train.data import Sampler
-from fox_train.train import export_checkpoint
+from fox_train.export import export_checkpoint
 
 SMALL = ["model.hidden_size=64", "model.num_hidden_layers=2", "model.num_heads=2", "data.seq_len=64", "micro_batch_size=4",
          "global_batch_tokens=256", "schedule.warmup_tokens=512", "eval_sequences=4"]

@@ -63,8 +63,8 @@ def _train_config(cfg: DictConfig) -> TrainConfig:
 @functools.cache  # one answer per main(): Fabric reads hydra.run.dir again to start other processes
 def _run_dir(out_dir: str, run_name: str | None, preset: str, source: str, resume: bool) -> str:
     """hydra.run.dir: ``out_dir/run_name``, else ``out_dir/<preset>-<source>-<time>`` (with ``resume``, the
-    newest such run), as fox_train.train.resolve_run_dir decides."""
-    from fox_train.train import resolve_run_dir
+    newest such run), as fox_train.run_dir.resolve_run_dir decides."""
+    from fox_train.run_dir import resolve_run_dir
 
     cfg = TrainConfig(out_dir=out_dir, run_name=run_name, resume=resume, model=ModelConfig(preset=preset),
                       data=DataConfig(source=source))
@@ -132,7 +132,8 @@ def _app(dict_cfg: DictConfig) -> str:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from fox_train.train import Interrupted, claim_run_dir, train
+    from fox_train.run_dir import Interrupted, claim_run_dir
+    from fox_train.train import train
 
     cfg = _train_config(dict_cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -183,7 +184,7 @@ def _tokenize(args) -> None:
 
 
 def _export(args) -> None:
-    from fox_train.train import export_checkpoint
+    from fox_train.export import export_checkpoint
 
     path = Path(args.checkpoint)
     try:

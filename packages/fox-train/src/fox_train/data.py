@@ -12,11 +12,15 @@ import json
 import lzma
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fox_train.disk import save_npy
+
+if TYPE_CHECKING:
+    from fox_train.config import TrainConfig
 
 EOT = 50256
 
@@ -238,3 +242,37 @@ def make_batch(source, indices: list[int], bos: int = EOT) -> tuple[torch.Tensor
     inputs = torch.roll(labels, 1, dims=1)
     inputs[:, 0] = bos
     return inputs, labels
+
+
+def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int):
+    """The training and held-out sequences that ``cfg.data`` names; without a held-out path, the held-out part
+    is split off the training data (every 11th document, or the last 1/11 of a token file)."""
+    d = cfg.data
+    if d.source in ("bundled", "text", "hf"):
+        if d.source == "bundled":
+            train_docs, held_docs = split_documents(bundled_documents())
+        else:
+            if d.path is None:
+                raise ValueError(f"data.source={d.source} needs data.path")
+            read = text_documents if d.source == "text" else (lambda p: hf_documents(p, d.text_field))
+            docs = read(d.path)
+            train_docs, held_docs = (docs, read(d.heldout_path)) if d.heldout_path else split_documents(docs)
+            if not held_docs:
+                held_docs = train_docs[-1:]
+        stream = lambda docs: StreamSequences(tokenize_documents(docs, tokenizer, cache_dir), d.seq_len, vocab_size)
+        return stream(train_docs), stream(held_docs)
+    if d.source == "tokens":
+        if d.path is None:
+            raise ValueError("data.source=tokens needs data.path (a .npy or .bin token file)")
+        tokens = load_token_file(d.path, d.token_dtype)
+        if d.heldout_path:
+            return StreamSequences(tokens, d.seq_len, vocab_size), StreamSequences(load_token_file(d.heldout_path, d.token_dtype), d.seq_len, vocab_size)
+        cut = len(tokens) * 10 // 11
+        return StreamSequences(tokens[:cut], d.seq_len, vocab_size), StreamSequences(tokens[cut:], d.seq_len, vocab_size)
+    if d.source == "longcrawl64":
+        if d.path is None:
+            raise ValueError("data.source=longcrawl64 needs data.path (the train zarr) and data.heldout_path")
+        train = LongCrawl64Sequences(d.path, d.seq_len)
+        held = LongCrawl64Sequences(d.heldout_path, d.seq_len) if d.heldout_path else train
+        return train, held
+    raise ValueError(f"data.source must be bundled, tokens, text, longcrawl64 or hf, got {d.source!r}")

@@ -1,15 +1,17 @@
-"""The training loop: Lightning Fabric for devices and strategies, our own loop for everything else."""
+"""The training loop: Lightning Fabric for devices and strategies, our own loop for everything else.
+
+``train`` composes the run from the other modules: the data (``data``), the device mesh, strategy,
+compilation and context parallelism (``parallelize``), the warm start (``warm_start``), the run directory,
+its config and stop signals (``run_dir``), checkpoints (``checkpoint``), metrics (``metrics``) and the
+final Hugging Face export (``export``).
+"""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
-import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 
 import lightning as L
@@ -22,19 +24,9 @@ from transformers import AutoModelForCausalLM
 import fox_models
 from fox_models.registry import no_weight_decay
 from fox_train import checkpoint as ckpt
-from fox_train.config import SCHEDULES, TrainConfig, check, load_config, model_config, resume_conflicts
-from fox_train.data import (
-    LongCrawl64Sequences,
-    Sampler,
-    StreamSequences,
-    bundled_documents,
-    hf_documents,
-    load_token_file,
-    make_batch,
-    split_documents,
-    text_documents,
-    tokenize_documents,
-)
+from fox_train.config import SCHEDULES, TrainConfig, check, model_config
+from fox_train.data import Sampler, build_sources, make_batch
+from fox_train.export import export_model, full_state_dict
 from fox_train.metrics import (
     MetricsWriter,
     flops_per_token,
@@ -51,6 +43,8 @@ from fox_train.parallelize import (
     compile_blocks,
     make_fabric,
 )
+from fox_train.run_dir import Interrupted, StopSignals, claim_run_dir, resolve_run_dir, save_config
+from fox_train.warm_start import load_init_weights
 
 
 def lr_at(tokens: int, cfg: TrainConfig) -> float:
@@ -86,50 +80,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     decay = [p for name, p in model.named_parameters() if name not in no_decay]
     rest = [p for name, p in model.named_parameters() if name in no_decay]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
-def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int):
-    d = cfg.data
-    if d.source in ("bundled", "text", "hf"):
-        if d.source == "bundled":
-            train_docs, held_docs = split_documents(bundled_documents())
-        else:
-            if d.path is None:
-                raise ValueError(f"data.source={d.source} needs data.path")
-            read = text_documents if d.source == "text" else (lambda p: hf_documents(p, d.text_field))
-            docs = read(d.path)
-            train_docs, held_docs = (docs, read(d.heldout_path)) if d.heldout_path else split_documents(docs)
-            if not held_docs:
-                held_docs = train_docs[-1:]
-        stream = lambda docs: StreamSequences(tokenize_documents(docs, tokenizer, cache_dir), d.seq_len, vocab_size)
-        return stream(train_docs), stream(held_docs)
-    if d.source == "tokens":
-        if d.path is None:
-            raise ValueError("data.source=tokens needs data.path (a .npy or .bin token file)")
-        tokens = load_token_file(d.path, d.token_dtype)
-        if d.heldout_path:
-            return StreamSequences(tokens, d.seq_len, vocab_size), StreamSequences(load_token_file(d.heldout_path, d.token_dtype), d.seq_len, vocab_size)
-        cut = len(tokens) * 10 // 11
-        return StreamSequences(tokens[:cut], d.seq_len, vocab_size), StreamSequences(tokens[cut:], d.seq_len, vocab_size)
-    if d.source == "longcrawl64":
-        if d.path is None:
-            raise ValueError("data.source=longcrawl64 needs data.path (the train zarr) and data.heldout_path")
-        train = LongCrawl64Sequences(d.path, d.seq_len)
-        held = LongCrawl64Sequences(d.heldout_path, d.seq_len) if d.heldout_path else train
-        return train, held
-    raise ValueError(f"data.source must be bundled, tokens, text, longcrawl64 or hf, got {d.source!r}")
-
-
-def resolve_run_dir(cfg: TrainConfig) -> Path:
-    root = Path(cfg.out_dir)
-    if cfg.run_name:
-        return root / cfg.run_name
-    prefix = f"{cfg.model.preset}-{cfg.data.source}"
-    if cfg.resume:
-        runs = sorted(root.glob(f"{prefix}-*"), key=lambda p: p.stat().st_mtime)
-        if runs:
-            return runs[-1]
-    return root / f"{prefix}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def _step_begin(graphs: bool) -> None:
@@ -205,139 +155,6 @@ def reshard(model) -> None:
             m.reshard()
 
 
-def full_state_dict(fabric, model, strategy: str) -> dict | None:
-    """The whole model's state dict on rank 0's CPU ({} on the other ranks) when FSDP or FSDP2 shard its
-    parameters; None otherwise (every rank holds them). A collective: every rank must call it."""
-    if fabric.world_size == 1 or strategy not in ("fsdp", "fsdp2"):
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    wrapped = getattr(model, "_forward_module", model)  # Fabric's wrapper holds the FSDP one
-    return get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def init_weights_path(path: str) -> Path:
-    """The file holding the weights ``init_from`` names: a checkpoint directory's ``state.pt``, a run
-    directory's newest complete checkpoint or a Hugging Face directory's ``model.safetensors``."""
-    p = Path(path)
-    if (p / "state.pt").exists():
-        return p / "state.pt"
-    newest = ckpt.complete_checkpoints(p / "checkpoints")
-    if newest:
-        return newest[0] / "state.pt"
-    if (p / "model.safetensors").exists():
-        return p / "model.safetensors"
-    raise FileNotFoundError(f"init_from {path!r} is not a checkpoint directory (state.pt), a run directory with a "
-                            f"complete checkpoint or a Hugging Face directory (model.safetensors)")
-
-
-def _check_hf_config(path: str, config_file: Path, model_type: str) -> None:
-    """A Hugging Face directory's config.json, when it has one, must be JSON naming this run's model type: a
-    damaged folder or another kind of model is refused before its weights are read."""
-    if not config_file.exists():
-        return
-    try:
-        saved = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"init_from {path!r}: {config_file} cannot be read: {e}") from None
-    saved_type = saved.get("model_type") if isinstance(saved, dict) else None
-    if saved_type != model_type:
-        raise ValueError(f"init_from {path!r}: {config_file} has model_type {saved_type!r}, this run's model is "
-                         f"{model_type!r}")
-
-
-def load_init_weights(model: torch.nn.Module, path: str) -> Path:
-    """Warm start: copy the model weights of another run (see TrainConfig.init_from) into ``model``; the
-    optimizer, step and data position are not taken. Returns the file read."""
-    source = init_weights_path(path)
-    if source.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        _check_hf_config(path, source.parent / "config.json", model.config.model_type)
-        try:
-            weights = load_file(source)
-        except Exception as e:  # safetensors reports a truncated or foreign file in its own error type
-            raise ValueError(f"init_from {path!r}: {source} cannot be read: {e}") from None
-    else:
-        weights = ckpt.read_state(source)["model"]
-    try:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-    except RuntimeError as e:  # a shape differs
-        first = str(e).strip().splitlines()[-1].strip()
-        raise ValueError(f"init_from {path!r} does not fit model {model.config.model_type}: {first}") from None
-    # lm_head may be tied to the embeddings in a Hugging Face directory (saved once)
-    missing = [k for k in missing if not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
-    if missing or unexpected:
-        raise ValueError(f"init_from {path!r} does not fit model {model.config.model_type}: missing "
-                         f"{missing[:3]}, unexpected {unexpected[:3]}")
-    return source
-
-
-class Interrupted(Exception):
-    """Training stopped by SIGINT or SIGTERM after saving a checkpoint; the message is one line."""
-
-    def __init__(self, message: str, signum: int, is_global_zero: bool):
-        super().__init__(message)
-        self.signum, self.is_global_zero = signum, is_global_zero
-
-
-class StopSignals:
-    """While active, SIGINT (Ctrl-C) and SIGTERM (sent by clusters some time before they kill a job) are
-    recorded instead of ending the process, so that the loop saves a checkpoint after the current step and
-    stops. A second SIGINT interrupts at once (KeyboardInterrupt), a second SIGTERM ends the process."""
-
-    def __init__(self):
-        self.received = 0
-        self._previous = {}
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():  # signal handlers belong to the main thread
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._record)
-        return self
-
-    def _record(self, signum, frame) -> None:
-        self.received = signum
-        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def requested(self, fabric) -> int:
-        """The signal received (0: none), agreed by all ranks: each stops after the same step. Across ranks
-        this is a collective and a host sync each step, a small cost next to a multi-device step."""
-        if fabric.world_size == 1:
-            return self.received
-        flag = torch.tensor(float(self.received), device=fabric.device)
-        return int(fabric.all_reduce(flag, reduce_op="max").item())
-
-
-def claim_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
-    """A run directory holds one configuration's checkpoints. Without ``resume``, one that holds checkpoints
-    is refused; with it, the saved ``config.yaml`` must agree with ``cfg`` outside ``RESUMABLE`` (the
-    command line merges into the saved config: fox_train.cli)."""
-    newest = ckpt.complete_checkpoints(run_dir / "checkpoints")
-    if newest and not cfg.resume:
-        raise ValueError(f"{run_dir} already holds checkpoints (newest {newest[0].name}): resume=true continues "
-                         f"that run, another run_name starts a new one")
-    saved = run_dir / "config.yaml"
-    if cfg.resume and saved.exists():
-        message = resume_conflicts(load_config(saved), OmegaConf.to_container(OmegaConf.structured(cfg)), saved)
-        if message:
-            raise ValueError(message)
-
-
-def _save_config(cfg: TrainConfig, run_dir: Path) -> None:
-    """config.yaml, replaced in one step (a failed write leaves the previous one)."""
-    tmp = run_dir / ".config.yaml.tmp"
-    try:
-        OmegaConf.save(OmegaConf.structured(cfg), tmp)
-        os.replace(tmp, run_dir / "config.yaml")
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def train(cfg: TrainConfig, record=None) -> Path:
     """Run training; returns the run directory. Raises Interrupted after SIGINT / SIGTERM (a checkpoint of
     the last step is saved). Nothing in the run directory is written until every check has passed (data,
@@ -409,7 +226,7 @@ def train(cfg: TrainConfig, record=None) -> Path:
             fabric.print(f"resumed from step {start} ({ckpt_root})")
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _save_config(cfg, run_dir)
+        save_config(cfg, run_dir)
         if record is not None:
             record(run_dir)
         ckpt.remove_partial(ckpt_root)
@@ -510,46 +327,3 @@ def _train_steps(cfg, fabric, mesh, model, optimizer, state, sampler, train_src,
     if per_pos is None:  # resumed at the end: nothing ran, evaluate once for the plot
         _, per_pos = evaluate(fabric, model, held_src, cfg.eval_sequences, cfg.micro_batch_size, graphs, mesh)
     return per_pos
-
-
-def export_model(model, tokenizer, out: Path, state_dict: dict | None = None) -> None:
-    """Hugging Face directory (safetensors + config + tokenizer) that from_pretrained and fox-eval load;
-    ``state_dict``: the full weights of a sharded model (see full_state_dict)."""
-    from safetensors import SafetensorError
-
-    module = getattr(model, "module", model)
-    module = getattr(module, "_orig_mod", module)
-    try:
-        module.save_pretrained(out, state_dict=state_dict)
-        tokenizer.save_pretrained(out)
-    except (OSError, SafetensorError) as e:  # a read-only or full folder (safetensors has its own error type)
-        raise OSError(f"cannot write {out}: {e}") from None
-
-
-def config_from_run(run_dir: Path) -> TrainConfig:
-    """The TrainConfig a run saved in its ``config.yaml``."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} has no config.yaml (a checkpoint is read inside its run directory: "
-                                f"<run>/checkpoints/step-XXXXXXXX)")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), load_config(path)))
-
-
-def export_checkpoint(checkpoint: Path, out: Path) -> None:
-    """Write the HF directory of any checkpoint (``fox-train export``). The checkpoint is read with
-    ``weights_only`` (tensors and plain values); ValueError or OSError in one line for a file that is not
-    such a checkpoint, a run without its config and an output folder that cannot be written."""
-    state_path = checkpoint / "state.pt"
-    if not state_path.is_file():
-        raise FileNotFoundError(f"{checkpoint} is not a checkpoint directory (no state.pt)")
-    run_dir = checkpoint.parent.parent
-    cfg = config_from_run(run_dir)
-    state = ckpt.read_state(state_path)
-    model = AutoModelForCausalLM.from_config(model_config(cfg.model))
-    try:
-        model.load_state_dict(state["model"])
-    except (RuntimeError, TypeError, AttributeError) as e:  # other shapes or keys; not a state dict
-        first = str(e).strip().splitlines()[-1].strip()
-        raise ValueError(f"{state_path} does not fit the model of {run_dir / 'config.yaml'}: {first}") from None
-    export_model(model, fox_models.JSONGPT2Tokenizer(), out)
-
