@@ -120,3 +120,20 @@ def test_generate_refuses_a_mask_shorter_than_the_prompt():
         model.generate(ids, attention_mask=torch.ones(1, 4, dtype=torch.long), max_new_tokens=3, **GREEDY)
     with pytest.raises(ValueError, match=r"attention_mask must have shape \(2, 6\) .*got \(1, 6\)"):
         model(ids.expand(2, -1), attention_mask=torch.ones(1, 6, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["mamba2-tiny", "hgrn2-tiny", "delta_net-tiny"])
+def test_recurrent_backbones_take_the_cache_under_either_name(name):
+    """A recurrent backbone continues from the cache it is given as ``cache`` or as ``past_key_values``: two
+    chunks through the cache give the hidden states of one pass over both."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(get_preset(name, vocab_size=101)).eval()
+    ids = torch.randint(0, 101, (2, 9))
+    with torch.no_grad():
+        full = model.model(ids).last_hidden_state
+        for key in ("cache", "past_key_values"):
+            cache = model.model.new_cache()
+            first = model.model(ids[:, :5], use_cache=True, **{key: cache}).last_hidden_state
+            second = model.model(ids[:, 5:], use_cache=True, **{key: cache}).last_hidden_state
+            assert cache.get_seq_length() == 9, key
+            torch.testing.assert_close(torch.cat([first, second], dim=1), full, rtol=1e-4, atol=1e-5)

@@ -16,6 +16,7 @@ from transformers import initialization as init
 from fox_layers import RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxPreTrainedBase
 from fox_models.cache import LayerCache, ModelFilledLayer
+from fox_models.compat import pick_cache
 
 # The paper's HGRN2 and DeltaNet sizes: size -> (hidden, layers, heads); heads of width 128.
 SIZES = {"125m": (768, 12, 6), "360m": (1024, 24, 8), "760m": (1536, 24, 12)}
@@ -195,9 +196,11 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
         lb = p.cumsum(0) - p[0]
         return [None] + [lb[i] for i in range(1, len(self.layers))]
 
-    def forward(self, input_ids=None, attention_mask=None, past_key_values: RecurrentCache | None = None,
+    def forward(self, input_ids=None, attention_mask=None, cache: RecurrentCache | None = None,
                 inputs_embeds=None, use_cache: bool | None = None, output_hidden_states: bool | None = None,
-                output_attentions: bool | None = None, cu_seqlens=None, return_dict: bool | None = None, **kwargs):
+                output_attentions: bool | None = None, cu_seqlens=None, return_dict: bool | None = None,
+                past_key_values: RecurrentCache | None = None, **kwargs):
+        """``past_key_values`` is the older name of ``cache``."""
         if output_attentions:
             raise ValueError(f"output_attentions=True: {type(self).__name__} is a recurrent model and has no "
                              "attention weights")
@@ -205,7 +208,8 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
             raise ValueError("cu_seqlens (packed sequences) is not supported by the recurrent baselines; "
                              "pass a left-padded batch with attention_mask")
         x, cache, past, seq_start, use_cache, output_hidden_states = self._start(
-            input_ids, inputs_embeds, attention_mask, past_key_values, use_cache, output_hidden_states)
+            input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
+            output_hidden_states)
         real = _real_tokens(seq_start, past, x.shape[0], x.shape[1], x.device)
         bounds = self._lower_bounds()
         x, hidden, _ = self._run_blocks(x, cache, output_hidden_states, lambda i: (real, bounds[i]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import _FoxLayoutConfig, require_int, require_positive
 from fox_models.recurrent import SIZES, size_fields
 
@@ -10,7 +11,7 @@ class DeltaNetConfig(_FoxLayoutConfig):
     """DeltaNet (Schlag et al. 2021; Yang et al. 2024): the delta rule with short convolutions."""
 
     model_type = "delta_net-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_KWARG]  # the outputs' cache, by the installed release's name
 
     def __init__(
         self,

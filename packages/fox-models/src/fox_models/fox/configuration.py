@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fox_kernel import pruning
 from fox_kernel.ops import checks
+from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxLayoutConfig,
     require_divides,
@@ -57,7 +58,7 @@ class ForgettingTransformerConfig(_DecoderConfig):
     """
 
     model_type = "forgetting_transformer-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_KWARG]  # the outputs' cache, by the installed release's name
 
     def __init__(
         self,

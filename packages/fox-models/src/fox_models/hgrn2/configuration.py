@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import _FoxLayoutConfig, require_divides, require_int
 from fox_models.recurrent import SIZES, size_fields
 
@@ -10,7 +11,7 @@ class HGRN2Config(_FoxLayoutConfig):
     """HGRN2 (Qin et al. 2024): gated linear attention with forget-gate-tied input gates."""
 
     model_type = "hgrn2-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_KWARG]  # the outputs' cache, by the installed release's name
 
     def __init__(
         self,

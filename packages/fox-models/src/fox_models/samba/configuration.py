@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from fox_kernel.ops import checks
+from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxConfigBase,
     require_divides,
@@ -29,7 +30,7 @@ class SambaConfig(_FoxConfigBase):
     """
 
     model_type = "samba-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_KWARG]  # the outputs' cache, by the installed release's name
     attribute_map = {"num_attention_heads": "num_heads"}
 
     def __init__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fox_models.compat import CACHE_KWARG
 from fox_models.fox.configuration import SIZES, TRANSFORMER_HEADS, _DecoderConfig, size_fields
 
 
@@ -10,7 +11,7 @@ class TransformerConfig(_DecoderConfig):
     Transformer-SWA (sliding-window attention over the last ``window_size`` tokens)."""
 
     model_type = "transformer-project_fox"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_KWARG]  # the outputs' cache, by the installed release's name
 
     def __init__(self, **kwargs):  # transformers 5 needs each config class to define its own __init__
         super().__init__(**kwargs)
