@@ -57,10 +57,14 @@ def test_layer_under_context_parallelism_equals_one_process(world):
 
 
 def test_context_parallel_layer_refuses_padding_and_decoding():
-    layer = ForgettingAttentionLayer(16, 2)
-    layer.attention_kernel = ContextParallel()
-    with pytest.raises(ValueError, match="context-parallel layer"):
-        layer(torch.randn(1, 4, 16), seq_start=torch.tensor([1]))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # a group of this process
+    try:
+        layer = ForgettingAttentionLayer(16, 2)
+        layer.attention_kernel = ContextParallel()
+        with pytest.raises(ValueError, match="context-parallel layer"):
+            layer(torch.randn(1, 4, 16), seq_start=torch.tensor([1]))
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":  # one rank of test_layer_under_context_parallelism_equals_one_process
