@@ -135,6 +135,36 @@ HOW_TO = [
 ]
 
 
+# The paper-scale run's section of this page (its own results go to results-paper-125m.md).
+PAPER_SCALE = ["", *"""## Paper scale (125M, 16k)
+
+Not run yet: results are pending (no GPU time has gone to it; nothing below is a measurement).
+`--scale paper-125m` runs the paper's own setting scaled down only in tokens: the official LongCrawl64 125M
+experiments value for value (`experiment=repro_paper/<model>` loads `longcrawl64/*/*_125m_2b`; a test checks
+every other key), training length 16,384, DDP over the GPUs of one host, evaluated to 64k.
+
+```bash
+python scripts/reproduce.py corpus --scale paper-125m       # where apt works: the .deb (153 MB) -> a 42 MB slice
+# one job per model on a GPU host with no network (the slice travels, OUT/results/ comes back: JSON and PNG):
+python scripts/reproduce.py all --scale paper-125m --slice linux-6.12-dirs-slice.jsonl.xz --models fox_pro --devices 2
+#   ... then transformer_llama, fox_llama, transformer_pro, delta_net
+python scripts/reproduce.py report --scale paper-125m       # anywhere, from OUT/results/ of every job
+```
+
+- Corpus (scripts/paper_corpus.py): one kernel source directory is one document, its files in path order;
+  directories held out by a hash of their path (10%); 92 held-out documents of at least 160 KB, cut after
+  256 KB; 250 MB of train text. Each job tokenizes only the train tokens its model reads.
+- Each job: tokenize, train (`--tokens-per-device` 32 x 2^20 per GPU: 128 steps of the official 524,288-token
+  batch on 2 GPUs, warmup 10% of it, compiled), then on one GPU L(i) over 64 held-out documents to 64k, the
+  needle analog (scripts/code_needle.py: a unique definition at depths 0-100%, its use at the end, exact greedy
+  recall, lengths 4k-64k), and for FoX pruning (ln ε = −10: tiles, attention and model-step speed-up, loss
+  change at 16k and 64k) and `fox-eval inspect` of FoX (Pro).
+- Needs: a host of 2 (or N) H100/H200 GPUs per job, about 10 minutes a job at ~190k tokens/s per GPU
+  (docs/performance.md, 125M at 16k); DeltaNet trains slower and may need a smaller `--tokens-per-device`.
+- Writes docs/results-paper-125m.md and docs/results/paper-125m/.
+""".splitlines()]
+
+
 def _fmt(x, spec=".3f"):
     return "n/a" if x is None else format(x, spec)
 
@@ -223,6 +253,7 @@ def render(r: dict, labels: dict[str, str]) -> str:
     lines += targets(ev, labels)
     lines += HOW_TO
     lines += ["All numbers: [results/results.json](results/results.json).", ""]
+    lines += PAPER_SCALE
     return "\n".join(lines)
 
 
@@ -255,3 +286,185 @@ def targets(ev: dict, labels: dict[str, str]) -> list[str]:
     out = ["## The paper's orderings in this run", "", "| target | measured | met |", "|---|---|---|"]
     out += [f"| {t} | {v} | {'yes' if ok else '**no**'} |" for t, v, ok in rows]
     return out + [""]
+
+
+# ------------------------------------------------------------------------------------------ paper scale
+PAPER_PAGE = "results-paper-125m.md"
+PAPER_FIGS = "results/paper-125m"
+
+
+def plot_per_token_loss_log(curves: dict[str, np.ndarray], labels: dict[str, str], train_len: int, path: Path) -> None:
+    """The paper's Fig. 2: L(i) of every model on a log-x axis, averaged over windows that widen with i
+    (a fixed number per octave) so that the curve is as smooth at 64k as at 100."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, curve in curves.items():
+        T = len(curve)
+        edges = np.unique(np.round(np.geomspace(1, T, 96)).astype(int))
+        x = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+        y = [curve[a - 1 : b - 1].mean() for a, b in zip(edges[:-1], edges[1:])]
+        ax.plot(x, y, label=labels[name])
+    ax.axvline(train_len, color="gray", linestyle="--", linewidth=1, label=f"training length L = {train_len:,}")
+    ax.set_xscale("log")
+    ax.set_xlabel("token position i")
+    ax.set_ylabel("per-token loss L(i) (nats)")
+    ax.set_title("Held-out kernel directories: per-token loss")
+    hi = max(float(np.median(c[16 : max(32, len(c) // 64)])) for c in curves.values())
+    lo = min(float(np.convolve(c, np.ones(64) / 64, mode="valid")[len(c) // 16 :].min()) if len(c) > 128 else float(c.min())
+             for c in curves.values())
+    ax.set_ylim(lo - 0.1, hi + 0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def load_paper_results(results: Path) -> dict[str, dict]:
+    """Every per-model result a paper-scale job left in ``results`` (OUT/results/<model>.json), in the
+    order of reproduce.PAPER_MODELS."""
+    from reproduce import PAPER_MODELS
+
+    found = {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
+    found = {k: v for k, v in found.items() if isinstance(v, dict) and "evaluation" in v and "curve" in v}
+    if not found:
+        raise FileNotFoundError(f"no per-model results (<model>.json) under {results}: run the evaluate stage")
+    return {m: found[m] for m in [*PAPER_MODELS, *sorted(set(found) - set(PAPER_MODELS))] if m in found}
+
+
+def write_paper_report(results: Path, docs: Path) -> Path:
+    """docs/results-paper-125m.md and docs/results/paper-125m/ (figures, results.json) from the files of
+    every paper-scale job: OUT/results/<model>.json and its PNGs, nothing else."""
+    rs = load_paper_results(results)
+    labels = {m: r["label"] for m, r in rs.items()}
+    figs = docs / PAPER_FIGS
+    figs.mkdir(parents=True, exist_ok=True)
+    L = next(iter(rs.values()))["evaluation"]["train_len"]
+    curves = {m: np.asarray(r["curve"]) for m, r in rs.items()}
+    plot_per_token_loss_log(curves, labels, L, figs / "per_token_loss.png")
+    plot_training({m: r["training"]["records"] for m, r in rs.items()}, labels, figs / "training_curves.png")
+    for m in rs:
+        if (results / f"{m}_needle.png").exists():
+            shutil.copy(results / f"{m}_needle.png", figs / f"needle_{m}.png")
+        i = rs[m]["evaluation"].get("inspect")
+        if i:
+            shutil.copy(results / f"{m}_inspect" / "decay_times.png", figs / "decay_times.png")
+            shutil.copy(results / f"{m}_inspect" / f"layer{i['layer']}_head{i['head']}.png", figs / "forget_and_attention.png")
+    summary = {m: {k: v for k, v in r.items() if k != "curve"} for m, r in rs.items()}
+    for m, c in curves.items():  # L(i) at a few positions, so results.json alone answers "how does it rise"
+        summary[m]["curve_at"] = {str(p): window_mean(c, p, max(1, p // 10)) for p in (L // 4, L // 2, L, 2 * L, 4 * L) if p <= len(c)}
+    (figs / "results.json").write_text(json.dumps(summary, indent=1))
+    path = docs / PAPER_PAGE
+    path.write_text(render_paper(rs, labels))
+    return path
+
+
+def window_mean(curve: np.ndarray, end: int, width: int) -> float:
+    return float(curve[max(0, end - width) : end].mean())
+
+
+def _training_row(r: dict) -> dict:
+    recs = r["training"]["records"]
+    last = [x for x in recs if "loss" in x][-1]
+    held = [x["heldout_loss"] for x in recs if "heldout_loss" in x]
+    tps = [x["tokens_per_s"] for x in recs if "tokens_per_s" in x][1:]  # the first window holds the start-up
+    wall = r["training"]["wall_clock_s"]
+    devices = (r.get("config") or {}).get("strategy", {}).get("devices", 1)
+    return {"tokens": last["tokens"], "steps": last["step"], "loss": last["loss"], "heldout": held[-1] if held else None,
+            "tps": float(np.median(tps)) if tps else None, "wall": wall, "devices": devices,
+            "cost": None if wall is None else wall / 3600 * GPU_HOUR_USD * int(devices)}
+
+
+def render_paper(rs: dict[str, dict], labels: dict[str, str]) -> str:
+    first = next(iter(rs.values()))
+    ev0, env = first["evaluation"], first["environment"]
+    L, T = ev0["train_len"], ev0["eval_len"]
+    c = first["corpus"]
+    lines = [
+        "# Results: the paper's setting (125M, context 16k, evaluated to 64k), scaled down in tokens",
+        "",
+        "Made by `python scripts/reproduce.py all --scale paper-125m --models <model> --devices N` (one job per model)",
+        "and `python scripts/reproduce.py report --scale paper-125m`; tables and figures are those runs' output, unedited.",
+        f"Device: {env['device']}; torch {env['torch']}, triton {env.get('triton', 'n/a')}, transformers {env['transformers']}, "
+        f"Python {env['python']}.",
+        "",
+        "![per-token loss](results/paper-125m/per_token_loss.png)",
+        "",
+        "## Setup",
+        f"- Corpus: Debian's `linux-source-6.12`, one source directory = one document (its files in path order), held "
+        f"out by a hash of the directory's path. Train tokens read: {c['train_tokens']:,}; held-out documents: "
+        f"{c['heldout_files']} ({c['heldout_long_docs']} of at least {c['min_heldout_tokens']:,} tokens).",
+        f"- Models: the official LongCrawl64 125M experiments value for value (`experiment=repro_paper/<model>`), "
+        f"training length L = {L:,}; only the token budget is scaled down (warmup kept at 10% of it); DDP.",
+        f"- Evaluation: L(i) over the first {T:,} tokens of {ev0['eval_documents']} held-out documents, bf16 autocast.",
+        "",
+        "## Held-out loss",
+        "",
+        f"| model | loss over the first {L:,} | loss over all {T:,} | L(i) near {L:,} | L(i) near {T:,} | ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, lab in labels.items():
+        s = rs[m]["evaluation"]
+        lines.append(f"| {lab} | {s['loss_first_L']:.4f} | {s['loss_all']:.4f} | {s['L_i_near_L']:.4f} | "
+                     f"{s['L_i_near_end']:.4f} | {s['end_over_L']:.3f} |")
+    lines += ["", "## Training", "", "![training curves](results/paper-125m/training_curves.png)", "",
+              "| model | tokens | steps | final train loss | final held-out loss | tokens/s | GPUs | wall-clock | cost |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for m, lab in labels.items():
+        t = _training_row(rs[m])
+        lines.append(f"| {lab} | {t['tokens']:,} | {t['steps']} | {t['loss']:.4f} | {_fmt(t['heldout'], '.4f')} | "
+                     f"{_fmt(t['tps'], ',.0f')} | {t['devices']} | {_fmt(t['wall'], '.0f')} s | ${_fmt(t['cost'], '.2f')} |")
+    lines += ["", f"Cost at ${GPU_HOUR_USD:.2f} per GPU-hour x GPUs; wall-clock of training with start-up and compile.", ""]
+    needles = {m: rs[m]["evaluation"]["needle"] for m in labels if "needle" in rs[m]["evaluation"]}
+    if needles:
+        lengths = next(iter(needles.values()))["lengths"]
+        lines += ["## Needle analog: a unique definition, its use at the end", "",
+                  "Share of needles whose value greedy decoding reproduces exactly (scripts/code_needle.py), by context length:", "",
+                  "| model | " + " | ".join(f"{n:,}" for n in lengths) + " | all |", "|---" * (len(lengths) + 2) + "|"]
+        for m, n in needles.items():
+            lines.append(f"| {labels[m]} | " + " | ".join(f"{n['found_by_length'][str(x)]:.0%}" for x in lengths)
+                         + f" | {n['found_all']:.0%} |")
+        lines.append("")
+        lines += [f"![needle {labels[m]}](results/paper-125m/needle_{m}.png)" for m in needles] + [""]
+    pruned = {m: rs[m]["evaluation"]["pruning"] for m in labels if "pruning" in rs[m]["evaluation"]}
+    if pruned:
+        lines += ["## Adaptive computation pruning on the trained FoX models", "",
+                  "| model | length | tiles pruned | attention speed-up | model step speed-up | loss change (all positions) |",
+                  "|---|---|---|---|---|---|"]
+        for m, p in pruned.items():
+            for length, row in p["by_length"].items():
+                lines.append(f"| {labels[m]} | {int(length):,} | {row['tiles_pruned']:.1%} | {_fmt(row.get('attention_speedup'), '.2f')}× | "
+                             f"{_fmt(row.get('model_speedup'), '.2f')}× | {p['loss_change_rel']:+.4%} |")
+        lines.append("")
+    inspected = next((m for m in labels if "inspect" in rs[m]["evaluation"]), None)
+    if inspected:
+        i = rs[inspected]["evaluation"]["inspect"]
+        lines += [f"## Inside the trained {labels[inspected]} ({i['tokens']:,} tokens of one held-out document)", "",
+                  "![decay times](results/paper-125m/decay_times.png)", "",
+                  f"F and attention of layer {i['layer']}, head {i['head']} (its slowest-forgetting head):", "",
+                  "![F and attention](results/paper-125m/forget_and_attention.png)", ""]
+    ev = {"eval_len": T, "models": {m: r["evaluation"] for m, r in rs.items()}}
+    base = targets(ev, labels) or ["## The paper's orderings in this run", "", "| target | measured | met |", "|---|---|---|", ""]
+    lines += base[:-1] + paper_targets(ev, labels, L) + [""]
+    lines += ["All numbers: [results/paper-125m/results.json](results/paper-125m/results.json).", ""]
+    return "\n".join(lines)
+
+
+def paper_targets(ev: dict, labels: dict[str, str], L: int) -> list[str]:
+    """Issue 51's targets beyond the small scale's orderings: the needle within L and pruning at the
+    evaluation length (rows of the table that targets() starts)."""
+    m, rows = ev["models"], []
+    if "needle" in m.get("fox_pro", {}) and "needle" in m.get("transformer_llama", {}):
+        def within(n):
+            return float(np.mean([v for k, v in n["found_by_length"].items() if int(k) <= L]))
+
+        a, b = within(m["fox_pro"]["needle"]), within(m["transformer_llama"]["needle"])
+        rows.append((f"Needle: FoX (Pro) finds at least as many as Transformer (LLaMA) within {L:,}", f"{a:.0%} vs {b:.0%}", a >= b))
+    if "pruning" in m.get("fox_pro", {}):
+        row = m["fox_pro"]["pruning"]["by_length"].get(str(ev["eval_len"]), {})
+        if "tiles_pruned" in row:
+            rows.append((f"Pruning on FoX (Pro): >= 70% of tiles skipped at {ev['eval_len']:,}", f"{row['tiles_pruned']:.1%}",
+                         row["tiles_pruned"] >= 0.7))
+        speed = row.get("model_speedup")
+        rows.append((f"Pruning on FoX (Pro): step speed-up >= 1.2x at {ev['eval_len']:,}", _fmt(speed, ".3f") + "×",
+                     speed is not None and speed >= 1.2))
+    return [f"| {t} | {v} | {'yes' if ok else '**no**'} |" for t, v, ok in rows]

@@ -1,4 +1,4 @@
-"""Reproduce the paper's findings at small scale on one GPU: Linux C corpus -> train -> evaluate -> report.
+"""Reproduce the paper's findings on a Linux C corpus: corpus -> prepare -> train -> evaluate -> report.
 
     python scripts/reproduce.py corpus     # apt-get download linux-source-6.12, write the compressed slice
     python scripts/reproduce.py prepare    # tokenize the slice (train.npy, heldout.npy)
@@ -11,6 +11,14 @@ Each stage reads what the one before wrote under --out (default outputs/repro) a
 done (a trained model is not trained again unless --force). Larger budgets are one flag away:
 ``--set schedule.total_tokens=...`` (every model), ``--slice-mb 0`` (the whole corpus), ``--set
 data.seq_len=4096`` etc. Writes only small artefacts into the report: JSON and PNG.
+
+``--scale paper-125m`` runs the paper's own setting, scaled down only in tokens: the official 125M
+experiments (``experiment=repro_paper/<model>``, loading ``longcrawl64/*/*_125m_2b``), training length
+16,384, data-parallel over ``--devices`` GPUs, evaluated to 64k on held-out directory documents
+(scripts/paper_corpus.py), with the needle analog (scripts/code_needle.py), pruning and inspect. One model
+per job: ``all --scale paper-125m --models fox_pro`` prepares, trains and evaluates that model and leaves
+everything the report needs under OUT/results/ (JSON and PNG, kilobytes to a few MB); ``report --scale
+paper-125m`` then runs anywhere from OUT/results/ alone (docs/results-paper-125m.md, docs/results/paper-125m/).
 """
 
 from __future__ import annotations
@@ -32,16 +40,36 @@ MODELS = {  # name -> label, in the order of the paper's tables
     "fox_llama": "FoX (LLaMA)",
     "transformer_llama": "Transformer (LLaMA)",
 }
+PAPER_MODELS = {  # the paper-scale models, in the order they are worth running
+    "fox_pro": "FoX (Pro)",
+    "transformer_llama": "Transformer (LLaMA)",
+    "fox_llama": "FoX (LLaMA)",
+    "transformer_pro": "Transformer (Pro)",
+    "delta_net": "DeltaNet",
+}
+LABELS = {**MODELS, **PAPER_MODELS}
 SLICE_NAME = "linux-6.12-slice.jsonl.xz"
+# What differs between the scales; every field can be changed on the command line.
+SCALES = {
+    "small": {"experiment": "repro", "models": MODELS, "out": "outputs/repro", "slice": SLICE_NAME,
+              "eval_docs": 256, "eval_batch": 8, "needle_samples": 0},
+    "paper-125m": {"experiment": "repro_paper", "models": PAPER_MODELS, "out": "outputs/repro-paper-125m",
+                   "slice": "linux-6.12-dirs-slice.jsonl.xz", "eval_docs": 64, "eval_batch": 1, "needle_samples": 2},
+}
 
 
 # ---------------------------------------------------------------------------------------------- stages
 def corpus(args) -> Path:
     from fox_train import linux_corpus
 
-    path = args.out / "corpus" / SLICE_NAME
+    path = args.out / "corpus" / args.slice_name
     deb = linux_corpus.download(args.out / "corpus")
-    summary = linux_corpus.write_slice(deb, path, args.slice_mb)
+    if args.paper:
+        import paper_corpus
+
+        summary = paper_corpus.write_slice(linux_corpus.iter_sources(deb), path, args.slice_mb)
+    else:
+        summary = linux_corpus.write_slice(deb, path, args.slice_mb)
     (args.out / "corpus" / "slice.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return path
@@ -53,11 +81,20 @@ def prepare(args) -> dict:
     data = args.out / "data"
     if (data / "corpus.json").exists() and not args.force:
         return json.loads((data / "corpus.json").read_text())
-    slice_path = args.slice or args.out / "corpus" / SLICE_NAME
+    slice_path = args.slice or args.out / "corpus" / args.slice_name
     if not Path(slice_path).exists():
         raise FileNotFoundError(f"--slice {str(slice_path)!r} does not exist: run `reproduce.py corpus` first")
     t = time.perf_counter()
-    summary = linux_corpus.tokenize_slice(Path(slice_path), data)
+    if args.paper:  # train tokens only as far as the models read (tokenizing is slow), every held-out document
+        import paper_corpus
+
+        need = max(_total_tokens(args, name) for name in args.models)
+        summary = paper_corpus.tokenize(Path(slice_path), data, int(need * 1.02) + 1, args.eval_factor * _train_len(args))
+        if summary["heldout_long_docs"] < args.eval_docs:
+            print(f"prepare: only {summary['heldout_long_docs']} held-out documents reach {summary['min_heldout_tokens']} "
+                  f"tokens (--eval-docs {args.eval_docs})", flush=True)
+    else:
+        summary = linux_corpus.tokenize_slice(Path(slice_path), data)
     summary["seconds"] = time.perf_counter() - t
     (data / "corpus.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
@@ -71,16 +108,25 @@ def train(args) -> None:
         if (run / "hf" / "config.json").exists() and not args.force:
             print(f"{name}: trained already ({run})")
             continue
-        overrides = [f"experiment=repro/{name}", f"out_dir={args.out / 'runs'}", f"run_name={name}",
-                     f"data.path={data / 'train.npy'}", f"data.heldout_path={data / 'heldout.npy'}", *args.set]
+        overrides = [f"experiment={args.experiment}/{name}", f"out_dir={args.out / 'runs'}", f"run_name={name}",
+                     f"data.path={data / 'train.npy'}", f"data.heldout_path={data / 'heldout.npy'}",
+                     *_paper_overrides(args, name), *args.set]
         print(f"{name}: fox-train {' '.join(overrides)}", flush=True)
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "fox_train.cli", *overrides], check=True)
         run.mkdir(parents=True, exist_ok=True)
         (run / "wall_clock.json").write_text(json.dumps({"seconds": time.perf_counter() - t}))
+        if args.paper:  # the config the model trained under, for the report and the equality with the official one
+            from dataclasses import asdict
+
+            from fox_train.cli import compose
+
+            (run / "resolved.json").write_text(json.dumps(asdict(compose(overrides)), indent=1, default=str))
 
 
 def evaluate(args) -> dict:
+    if args.paper:
+        return evaluate_paper(args)
     import torch
 
     from fox_models.inspect import has_forget_gate
@@ -113,17 +159,123 @@ def evaluate(args) -> dict:
     return result
 
 
+def evaluate_paper(args) -> dict:
+    """Paper scale, per model: L(i) to --eval-factor x L, the needle analog, pruning and inspect (FoX),
+    written with the model's training record to OUT/results/<model>.json (+ PNGs): all the report needs."""
+    import code_needle
+    import torch
+
+    from fox_models import JSONGPT2Tokenizer
+    from fox_models.inspect import has_forget_gate
+    from fox_train.linux_corpus import heldout_documents
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    L = _train_len(args)
+    data, results = args.out / "data", args.out / "results"
+    if not (data / "heldout_index.json").exists():
+        raise FileNotFoundError(f"no prepared corpus under {data} (run the prepare stage first)")
+    seqs = heldout_documents(data, args.eval_factor * L, args.eval_docs)
+    results.mkdir(parents=True, exist_ok=True)
+    corpus_summary = json.loads((data / "corpus.json").read_text())
+    lengths = sorted({max(64, L // 4), max(64, L // 2), L, *(L * f for f in (2, 4, 8) if f <= args.eval_factor)})
+    lengths = [n for n in lengths if n <= seqs.shape[1]]
+    out, stages = {}, args.out / "timings.json"  # this job's prepare and train times
+    for name in args.models:
+        hf, run = args.out / "runs" / name / "hf", args.out / "runs" / name
+        if not (hf / "config.json").exists():
+            raise FileNotFoundError(f"{name}: no trained model at {hf} (run the train stage)")
+        t = time.perf_counter()
+        model = _load(hf, device)
+        curve = per_token_loss(model, seqs, args.eval_batch, device)
+        ev = {"train_len": L, "eval_len": int(seqs.shape[1]), "eval_documents": int(len(seqs)),
+              **loss_summary(curve, L), "params": sum(p.numel() for p in model.parameters())}
+        timings = {"per_token_loss_s": time.perf_counter() - t}
+        if args.needle_samples:
+            t = time.perf_counter()
+            needle = code_needle.run(model, JSONGPT2Tokenizer(), seqs, lengths, samples=args.needle_samples,
+                                     batch=max(1, args.eval_batch), device=device)
+            code_needle.heatmap(needle, results / f"{name}_needle.png", f"{LABELS[name]}: definition recall", L)
+            ev["needle"] = {k: v for k, v in needle.items() if k != "rows"}
+            timings["needle_s"] = time.perf_counter() - t
+        if has_forget_gate(model):
+            t = time.perf_counter()
+            ev["pruning"] = pruning(model, seqs, curve, L, args.eval_batch, device)
+            timings["pruning_s"] = time.perf_counter() - t
+            if name == args.inspect:
+                t = time.perf_counter()
+                n = min(L, args.inspect_len)
+                ev["inspect"] = inspect(model, seqs[:1, :n], results / f"{name}_inspect")
+                ev["inspect"]["tokens"] = n
+                (results / f"{name}_inspect" / "inspect.json").unlink(missing_ok=True)  # the summary is in ev
+                timings["inspect_s"] = time.perf_counter() - t
+        ev["seconds"] = timings
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        record = {"model": name, "label": LABELS[name], "scale": args.scale, "environment": environment(),
+                  "config": json.loads((run / "resolved.json").read_text()) if (run / "resolved.json").exists() else None,
+                  "corpus": corpus_summary, "training": _training_record(run), "evaluation": ev,
+                  "stage_seconds": json.loads(stages.read_text()) if stages.exists() else {},
+                  "curve": [round(float(x), 5) for x in curve]}
+        (results / f"{name}.json").write_text(json.dumps(record))
+        out[name] = ev
+    return out
+
+
+def _training_record(run: Path) -> dict:
+    """What the report shows of a run: its metrics records (JSON lines -> a list), wall-clock and the
+    stage times of this job."""
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    wall = json.loads((run / "wall_clock.json").read_text())["seconds"] if (run / "wall_clock.json").exists() else None
+    return {"records": records, "wall_clock_s": wall}
+
+
 def report(args) -> Path:
+    if args.paper:
+        from repro_report import write_paper_report
+
+        return write_paper_report(args.out / "results", args.docs)
     from repro_report import write_report
 
     return write_report(args.out, args.docs, args.models, environment())
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-def _train_len(args) -> int:
+def _config(args, name: str):
     from fox_train.cli import compose
 
-    return compose([f"experiment=repro/{args.models[0]}", *args.set]).data.seq_len
+    return compose([f"experiment={args.experiment}/{name}", *args.set])
+
+
+def _train_len(args) -> int:
+    return _config(args, args.models[0]).data.seq_len
+
+
+def _given(args, key: str) -> bool:
+    return any(s.startswith(key + "=") for s in args.set)
+
+
+def _total_tokens(args, name: str) -> int:
+    """Paper scale: --tokens-per-device x --devices in whole optimizer steps (unless --set gives the total)."""
+    cfg = _config(args, name)
+    if _given(args, "schedule.total_tokens") or not args.paper:
+        return cfg.schedule.total_tokens
+    batch = cfg.global_batch_tokens
+    return max(1, round(args.tokens_per_device * args.devices / batch)) * batch
+
+
+def _paper_overrides(args, name: str) -> list[str]:
+    """Paper scale: DDP over --devices GPUs (one device: no DDP), the token budget and a warmup that keeps
+    the experiment's warmup share (the official 10%)."""
+    if not args.paper:
+        return []
+    cfg = _config(args, name)
+    total = _total_tokens(args, name)
+    out = [f"strategy.name={'ddp' if args.devices > 1 else 'single'}", f"strategy.devices={args.devices}",
+           f"schedule.total_tokens={total}"]
+    if not _given(args, "schedule.warmup_tokens"):
+        out.append(f"schedule.warmup_tokens={round(total * cfg.schedule.warmup_tokens / cfg.schedule.total_tokens)}")
+    return out
 
 
 def _load(path: Path, device):
@@ -294,31 +446,50 @@ def environment() -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("stage", choices=("corpus", "prepare", "train", "evaluate", "report", "all"))
-    ap.add_argument("--out", type=Path, default=Path("outputs/repro"), help="working folder (default outputs/repro)")
+    ap.add_argument("--scale", choices=tuple(SCALES), default="small",
+                    help="small (25M models, L = 2048, one GPU) or paper-125m (official 125M, L = 16384, --devices GPUs)")
+    ap.add_argument("--out", type=Path, help="working folder (default outputs/repro, outputs/repro-paper-125m)")
     ap.add_argument("--docs", type=Path, default=Path("docs"), help="where results.md and results/ go")
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument("--models", help=f"comma-separated; small: {', '.join(MODELS)}; paper-125m: {', '.join(PAPER_MODELS)} "
+                    "(default: all of the scale's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a fox-train override for every model, e.g. schedule.total_tokens=83886080")
-    ap.add_argument("--slice", type=Path, help=f"the compressed corpus slice (default OUT/corpus/{SLICE_NAME})")
-    ap.add_argument("--slice-mb", type=float, default=100.0, help="corpus: MB of train text in the slice (0: all)")
+    ap.add_argument("--slice", type=Path, help="the compressed corpus slice (default OUT/corpus/<the scale's slice>)")
+    ap.add_argument("--slice-mb", type=float, help="corpus: MB of train text in the slice (0: all; default 100, paper 250)")
     ap.add_argument("--eval-factor", type=int, default=4, help="per-token loss out to this many training lengths")
-    ap.add_argument("--eval-docs", type=int, default=256, help="held-out documents for the per-token loss")
-    ap.add_argument("--eval-batch", type=int, default=8)
+    ap.add_argument("--eval-docs", type=int, help="held-out documents for the per-token loss (default 256, paper 64)")
+    ap.add_argument("--eval-batch", type=int, help="sequences per forward in evaluation (default 8, paper 1)")
+    ap.add_argument("--devices", type=int, default=2, help="paper-125m: GPUs of this host, data-parallel (DDP)")
+    ap.add_argument("--tokens-per-device", type=int, default=32 * 2**20,
+                    help="paper-125m: training tokens per GPU (total = this x --devices, in whole steps)")
+    ap.add_argument("--needle-samples", type=int, help="paper-125m: needles per (length, depth) cell (default 2)")
+    ap.add_argument("--inspect-len", type=int, default=8192, help="paper-125m: tokens of the inspected document")
     ap.add_argument("--inspect", default="fox_pro", help="the model whose gates are inspected")
     ap.add_argument("--force", action="store_true", help="redo stages whose outputs exist")
     args = ap.parse_args(argv)
-    args.models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in args.models if m not in MODELS]
+    scale = SCALES[args.scale]
+    args.paper, args.experiment, args.slice_name = args.scale != "small", scale["experiment"], scale["slice"]
+    args.out = args.out or Path(scale["out"])
+    args.slice_mb = args.slice_mb if args.slice_mb is not None else (250.0 if args.paper else 100.0)
+    for key in ("eval_docs", "eval_batch", "needle_samples"):
+        if getattr(args, key) is None:
+            setattr(args, key, scale[key])
+    known = scale["models"]
+    args.models = [m for m in (args.models or ",".join(known)).split(",") if m]
+    unknown = [m for m in args.models if m not in known]
     if unknown or not args.models:
-        raise SystemExit(f"reproduce.py: --models: unknown {unknown or 'none given'}; known: {', '.join(MODELS)}")
+        raise SystemExit(f"reproduce.py: --models: unknown {unknown or 'none given'}; known: {', '.join(known)}")
     if args.eval_factor < 1 or args.eval_docs < 1 or args.eval_batch < 1:
         raise SystemExit("reproduce.py: --eval-factor, --eval-docs and --eval-batch must be >= 1")
+    if args.devices < 1 or args.tokens_per_device < 1 or args.needle_samples < 0 or args.inspect_len < 1:
+        raise SystemExit("reproduce.py: --devices, --tokens-per-device and --inspect-len must be >= 1, "
+                         "--needle-samples >= 0")
     bad = [s for s in args.set if "=" not in s]
     if bad:
         raise SystemExit(f"reproduce.py: --set takes KEY=VALUE, got {bad}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     try:
-        slice_path = args.slice or args.out / "corpus" / SLICE_NAME
+        slice_path = args.slice or args.out / "corpus" / args.slice_name
         if args.stage == "corpus" or (args.stage == "all" and not slice_path.exists()
                                       and not (args.out / "data" / "corpus.json").exists()):
             corpus(args)
