@@ -156,7 +156,6 @@ def _app(dict_cfg: DictConfig) -> str:
         if e.is_global_zero:
             print(f"fox-train: {e}", file=sys.stderr)
         raise SystemExit(128 + e.signum) from None
-    print(f"done: {done}")
     return str(done)
 
 

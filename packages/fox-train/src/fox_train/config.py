@@ -167,7 +167,8 @@ class TrainConfig:
     global_batch_tokens: int = 1024
     """Tokens per optimizer step across all devices (reached by gradient accumulation)."""
     micro_batch_size: int = 8
-    """Sequences per device per forward pass."""
+    """Sequences per device per forward pass, at most: lowered (with a printed line) to the largest size that
+    divides each data-parallel rank's share of a step's sequences (fox_train.data.micro_batch_for)."""
     seed: int = 0
     eval_every: int = 60
     """Steps between held-out evaluations."""

@@ -236,6 +236,24 @@ class Sampler:
         return out
 
 
+def micro_batch_for(global_batch_tokens: int, seq_len: int, micro_batch: int, data_ranks: int) -> int:
+    """Sequences per forward pass on each data-parallel rank: ``micro_batch``, or when it does not divide the
+    rank's share of a step's sequences the largest size below it that does (a smaller forward only holds
+    less memory: the step's sequences and its mean loss stay the same). ValueError naming the fields and
+    values that work when the step's sequences cannot be shared equally among the ranks."""
+    sequences = global_batch_tokens // seq_len
+    if sequences % data_ranks:
+        unit = seq_len * data_ranks
+        below = sequences // data_ranks * unit
+        choices = f"{below} or {below + unit}" if below else f"{unit}"
+        raise ValueError(f"global_batch_tokens={global_batch_tokens} is {sequences} sequences of data.seq_len={seq_len}, "
+                         f"which {data_ranks} data-parallel ranks (strategy.devices x strategy.num_nodes / "
+                         f"strategy.context_parallel) cannot share equally: global_batch_tokens must be a multiple "
+                         f"of data.seq_len x {data_ranks} = {unit}, e.g. {choices}")
+    share = sequences // data_ranks
+    return max(m for m in range(1, min(micro_batch, share) + 1) if share % m == 0)
+
+
 def make_batch(source, indices: list[int], bos: int = EOT) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids, labels), both (B, T): labels are the sequences, inputs start with BOS."""
     labels = torch.from_numpy(np.stack([source.get(i) for i in indices]))

@@ -1,12 +1,14 @@
 """A run's directory and its life: where it is (``resolve_run_dir``), whether this call may write into it
-(``claim_run_dir``), its ``config.yaml``, and the signals that stop it after saving a checkpoint
-(``StopSignals``, ``Interrupted``)."""
+(``claim_run_dir``), its ``config.yaml`` and ``fox-train.log`` (``RunLog``), and the signals that stop it
+after saving a checkpoint (``StopSignals``, ``Interrupted``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -54,6 +56,84 @@ def save_config(cfg: TrainConfig, run_dir: Path) -> None:
         os.replace(tmp, run_dir / "config.yaml")
     finally:
         tmp.unlink(missing_ok=True)
+
+
+LOG_NAME = "fox-train.log"
+FABRIC_LOGGER = "lightning.fabric"
+
+
+class _Records(logging.Handler):
+    def __init__(self, log: RunLog):
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.log.write(record.getMessage())
+
+
+class RunLog:
+    """The run's log: ``print`` shows a line on the terminal and appends it, with its time, to
+    ``<run>/fox-train.log``. Until the run is accepted (``open``, when config.yaml is written) the lines are
+    held back and then written first, so that a refused run leaves its folder as it was. While active it
+    also records Fabric's log records (logger ``lightning.fabric``) and Python warnings (they reach the
+    terminal as before). Only global rank 0 prints and writes; ``rank_zero(False)`` silences a process."""
+
+    def __init__(self):
+        self._held: list[str] = []
+        self._file = None
+        self._active = True
+        self._records = _Records(self)
+
+    def __enter__(self) -> RunLog:
+        logging.getLogger(FABRIC_LOGGER).addHandler(self._records)
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            self.write(f"{category.__name__}: {message}")
+            shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger(FABRIC_LOGGER).removeHandler(self._records)
+        self._warnings.__exit__(*exc)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def rank_zero(self, is_global_zero: bool) -> None:
+        """Known once Fabric has launched the processes: the others print and write nothing."""
+        if not is_global_zero:
+            self._active, self._held = False, []
+
+    def print(self, line: str) -> None:
+        if self._active:
+            print(line, flush=True)
+            self.write(line)
+
+    def write(self, line: str) -> None:
+        """The file only (a line the caller shows in its own way)."""
+        if not self._active:
+            return
+        line = f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')} {line}\n"
+        if self._file is None:
+            self._held.append(line)
+        else:
+            self._file.write(line)
+            self._file.flush()
+
+    def open(self, run_dir: Path) -> None:
+        """The run is accepted: write the held lines to ``run_dir/fox-train.log`` (appended: a resumed run
+        continues its log) and the later ones as they come."""
+        if not self._active:
+            return
+        self._file = open(run_dir / LOG_NAME, "a", encoding="utf-8")  # noqa: SIM115 (closed in __exit__)
+        self._file.writelines(self._held)
+        self._file.flush()
+        self._held = []
 
 
 class Interrupted(Exception):

@@ -25,7 +25,8 @@ import fox_models
 from fox_models.registry import no_weight_decay
 from fox_train import checkpoint as ckpt
 from fox_train.config import SCHEDULES, TrainConfig, check, model_config
-from fox_train.data import Sampler, build_sources, make_batch
+from fox_train.data import Sampler, build_sources, make_batch, micro_batch_for
+from fox_train.errors import first_line
 from fox_train.export import export_model, full_state_dict
 from fox_train.metrics import (
     MetricsWriter,
@@ -43,7 +44,7 @@ from fox_train.parallelize import (
     compile_blocks,
     make_fabric,
 )
-from fox_train.run_dir import Interrupted, StopSignals, claim_run_dir, resolve_run_dir, save_config
+from fox_train.run_dir import Interrupted, RunLog, StopSignals, claim_run_dir, resolve_run_dir, save_config
 from fox_train.warm_start import load_init_weights
 
 
@@ -160,12 +161,28 @@ def train(cfg: TrainConfig, record=None) -> Path:
     the last step is saved). Nothing in the run directory is written until every check has passed (data,
     model, warm start, the checkpoint to resume from): a refused call leaves the folder as it was. ``record``
     (``run_dir -> None``), if given, writes the caller's own files at that same moment (the CLI's Hydra
-    record)."""
+    record). The run's messages (warm start, resume, Fabric's, the final ``done:``) are printed by global
+    rank 0 and appended to ``<run>/fox-train.log``, as is the reason a run that was accepted stops."""
+    with RunLog() as log:
+        try:
+            run_dir = _run(cfg, record, log)
+        except Interrupted as e:
+            log.write(f"fox-train: {e}")
+            raise
+        except (OSError, ValueError, ImportError) as e:
+            log.write(f"fox-train: {first_line(e)}")
+            raise
+        log.print(f"done: {run_dir}")
+    return run_dir
+
+
+def _run(cfg: TrainConfig, record, log: RunLog) -> Path:
     check(cfg)
     check_context_parallel(cfg)
     graphs = check_compile(cfg)
     fabric = make_fabric(cfg)
     fabric.launch()
+    log.rank_zero(fabric.is_global_zero)
     mesh = build_mesh(cfg, fabric.world_size, fabric.global_rank, fabric.device.type)
     L.seed_everything(cfg.seed, verbose=False)
     torch.manual_seed(cfg.seed)
@@ -179,7 +196,13 @@ def train(cfg: TrainConfig, record=None) -> Path:
     tokenizer = fox_models.JSONGPT2Tokenizer()
     train_src, held_src = build_sources(cfg, tokenizer, str(Path(cfg.out_dir) / ".token-cache"), config.vocab_size)
     seq_len = cfg.data.seq_len
-    sampler = Sampler(len(train_src), cfg.global_batch_tokens // seq_len, cfg.micro_batch_size, mesh.data,
+    micro = micro_batch_for(cfg.global_batch_tokens, seq_len, cfg.micro_batch_size, mesh.data)
+    if micro != cfg.micro_batch_size:
+        sequences = cfg.global_batch_tokens // seq_len
+        share = (f"a step's {sequences} sequences" if mesh.data == 1 else
+                 f"the {sequences // mesh.data} of a step's {sequences} sequences each of {mesh.data} data-parallel ranks takes")
+        log.print(f"micro_batch_size {cfg.micro_batch_size} -> {micro}, which divides {share}")
+    sampler = Sampler(len(train_src), cfg.global_batch_tokens // seq_len, micro, mesh.data,
                       shuffle=cfg.data.order == "shuffled", seed=cfg.seed)
     total_steps = max(1, cfg.schedule.total_tokens // cfg.global_batch_tokens)
 
@@ -189,7 +212,7 @@ def train(cfg: TrainConfig, record=None) -> Path:
     with torch.device("cpu"), fabric.strategy.precision.module_init_context():
         model = AutoModelForCausalLM.from_config(config)
     if cfg.init_from:
-        fabric.print(f"warm start from {load_init_weights(model, cfg.init_from)} (model weights only, step 0)")
+        log.print(f"warm start from {load_init_weights(model, cfg.init_from)} (model weights only, step 0)")
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if cfg.recompute_projections:
@@ -220,16 +243,17 @@ def train(cfg: TrainConfig, record=None) -> Path:
     if cfg.resume:
         found = ckpt.load_newest(fabric, ckpt_root, state)
         if found is None:
-            fabric.print(f"resume=true but no complete checkpoint under {ckpt_root}: starting from step 0")
+            log.print(f"resume=true but no complete checkpoint under {ckpt_root}: starting from step 0")
         else:
             start = found
-            fabric.print(f"resumed from step {start} ({ckpt_root})")
+            log.print(f"resumed from step {start} ({ckpt_root})")
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir)
         if record is not None:
             record(run_dir)
         ckpt.remove_partial(ckpt_root)
+        log.open(run_dir)
     fabric.barrier()
     writer = MetricsWriter(run_dir, OmegaConf.to_container(OmegaConf.structured(cfg)), cfg.tensorboard, cfg.wandb,
                            cfg.wandb_project, start) if fabric.is_global_zero else None
