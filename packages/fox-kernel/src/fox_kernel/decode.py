@@ -37,6 +37,17 @@ _CHUNK_ELEMENTS = 1 << 26
 _NO_ZERO_GATES = "a cache of plain prefix sums c cannot represent it (c_i - c_j would be -inf - -inf)"
 
 
+
+def _check_cache_tensors(k_cache, v_cache, c_cache, lead: tuple, Hkv: int, D: int, H: int, what: str) -> None:
+    """K and V caches of a float dtype shaped (*lead, Hkv, D) and float32 prefix sums shaped (*lead, H);
+    ``what`` names where the expected sizes come from."""
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        checks.require_float_dtype(name, x)
+        if tuple(x.shape) != (*lead, Hkv, D):
+            raise ValueError(f"{name} must have shape {(*lead, Hkv, D)} ({what}), got {tuple(x.shape)}")
+    if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (*lead, H):
+        raise ValueError(f"c_cache must be float32 of shape {(*lead, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
+
 def append_to_cache(
     k_cache: torch.Tensor | None,
     v_cache: torch.Tensor | None,
@@ -64,14 +75,7 @@ def append_to_cache(
         checks.require_same_device(k_new.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache)
         checks.require_rank("k_cache", k_cache, 4, "(B, T, Hkv, D)")
         past = k_cache.shape[1]
-        for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-            checks.require_float_dtype(name, x)
-            if tuple(x.shape) != (B, past, Hkv, D):
-                raise ValueError(f"{name} must have shape {(B, past, Hkv, D)} (k_new's batch, heads and head dim), "
-                                 f"got {tuple(x.shape)}")
-        if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (B, past, H):
-            raise ValueError(f"c_cache must be float32 of shape {(B, past, H)}, got {c_cache.dtype} "
-                             f"{tuple(c_cache.shape)}")
+        _check_cache_tensors(k_cache, v_cache, c_cache, (B, past), Hkv, D, H, "k_new's batch, heads and head dim")
     if seq_start is not None:
         checks.require_same_device(k_new.device, seq_start=seq_start)
         checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
@@ -165,14 +169,7 @@ def append_to_paged_cache(
                                block_table=block_table, cache_seqlens=cache_seqlens, seq_start=seq_start)
     checks.require_rank("k_cache", k_cache, 4, "(num_pages, page_size, Hkv, D)")
     num_pages, page_size = k_cache.shape[:2]
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        checks.require_float_dtype(name, x)
-        if tuple(x.shape) != (num_pages, page_size, Hkv, D):
-            raise ValueError(f"{name} must have shape {(num_pages, page_size, Hkv, D)} (k_new's heads and head dim), "
-                             f"got {tuple(x.shape)}")
-    if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (num_pages, page_size, H):
-        raise ValueError(f"c_cache must be float32 of shape {(num_pages, page_size, H)}, got {c_cache.dtype} "
-                         f"{tuple(c_cache.shape)}")
+    _check_cache_tensors(k_cache, v_cache, c_cache, (num_pages, page_size), Hkv, D, H, "k_new's heads and head dim")
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
         raise ValueError(f"block_table must be int32 of shape ({B}, pages per row), got {block_table.dtype} "
                          f"{tuple(block_table.shape)}")
