@@ -37,9 +37,8 @@ import torch
 import torch.distributed as dist
 
 from fox_kernel.ops import checks
-from fox_kernel.ops.forgetting_attention import _bwd_op, _fwd_op, _options_key, _threshold_tensor
+from fox_kernel.ops.forgetting_attention import _bwd_op, _fwd_op, _options_key, pruning_args
 from fox_kernel.options import KernelOptions
-from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, AutoThreshold
 
 __all__ = [
     "ContextParallel",
@@ -75,15 +74,20 @@ def shard_sequence(x: torch.Tensor, world_size: int, rank: int, dim: int = 1) ->
     return torch.cat([chunks[first], chunks[second]], dim=dim)
 
 
-def _from_rank_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """The whole sequence from every rank's shard (``parts[r]`` is rank r's)."""
+def _by_chunk(parts, dim: int) -> list[torch.Tensor]:
+    """Views of every rank's shard (``parts[r]`` is rank r's) by global chunk: index g is chunk g of the
+    sequence."""
     world = len(parts)
     chunks: list[torch.Tensor | None] = [None] * (2 * world)
     for r, part in enumerate(parts):
-        a, b = part.chunk(2, dim=dim)
         first, second = zigzag_chunks(world, r)
-        chunks[first], chunks[second] = a, b
-    return torch.cat(chunks, dim=dim)
+        chunks[first], chunks[second] = part.chunk(2, dim=dim)
+    return chunks
+
+
+def _from_rank_order(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The whole sequence from every rank's shard (``parts[r]`` is rank r's)."""
+    return torch.cat(_by_chunk(parts, dim), dim=dim)
 
 
 def _to_rank_order(x: torch.Tensor, world: int, dim: int) -> torch.Tensor:
@@ -183,7 +187,7 @@ class _ContextParallelAttention(torch.autograd.Function):
         acc = torch.promote_types(k.dtype, torch.float32)
         dkv_all = k.new_zeros((world, B, T_local, Hkv, 2 * D), dtype=acc)
         dg_all = log_fgate.new_zeros((world, *log_fgate.shape), dtype=torch.promote_types(G.dtype, torch.float32))
-        kv_chunks, g_chunks = _chunk_views(dkv_all, world), _chunk_views(dg_all, world)
+        kv_chunks, g_chunks = _by_chunk(dkv_all.unbind(0), 1), _by_chunk(dg_all.unbind(0), 1)
         dq = torch.empty_like(q)
         for i, (rows, end) in enumerate(_chunk_calls(world, rank, T_local)):
             dq_i, dk_i, dv_i, dg_i = _bwd_op(dout[:, rows].contiguous(), q[:, rows], K[:, :end], V[:, :end],
@@ -200,16 +204,6 @@ class _ContextParallelAttention(torch.autograd.Function):
         dk, dv = _reduce_scatter(dkv_all, group).split(D, dim=-1)
         dg = _reduce_scatter(dg_all, group)
         return (dq, dk.to(k.dtype), dv.to(v.dtype), dg.to(log_fgate.dtype), None, None, None, None, None, None)
-
-
-def _chunk_views(stacked: torch.Tensor, world: int) -> list[torch.Tensor]:
-    """Views of a rank-ordered (world, B, 2C, ...) tensor by global chunk: index g is chunk g of the sequence."""
-    views: list[torch.Tensor | None] = [None] * (2 * world)
-    for r in range(world):
-        first, second = stacked[r].chunk(2, dim=1)
-        a, b = zigzag_chunks(world, r)
-        views[a], views[b] = first, second
-    return views
 
 
 @torch.compiler.disable  # collectives inside an autograd.Function: run eagerly under torch.compile
@@ -256,14 +250,8 @@ def context_parallel_forgetting_attention(
     if H % k.shape[2]:
         raise ValueError(f"q's {H} heads must be a multiple of k/v's heads, got Hkv={k.shape[2]}")
     window = checks.check_window_size(window_size, T * world)
-    sm_scale = float(D**-0.5 if sm_scale is None else sm_scale)
-    threshold, auto_log_eps = None, None
-    if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
-        auto_log_eps = DEFAULT_LOG_TOLERANCE
-    elif isinstance(adaptive_threshold, AutoThreshold):
-        auto_log_eps = float(adaptive_threshold.log_pruning_tolerance)
-    elif adaptive_threshold is not None:
-        threshold = _threshold_tensor(adaptive_threshold, q, k, sm_scale, None)
+    sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
+    threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, sm_scale, None)
     key = _options_key(options)
     q, k, v = (x.contiguous() for x in (q, k, v))
     return _ContextParallelAttention.apply(q, k, v, log_fgate.contiguous(), group, sm_scale, threshold, auto_log_eps,

@@ -116,6 +116,19 @@ def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
     return t.contiguous()
 
 
+def pruning_args(adaptive_threshold, q, k, sm_scale: float, cu_seqlens):
+    """(threshold tensor (rows, H) or None, ln eps of the "auto" bound or None): what the forward op takes
+    for ``forgetting_attention``'s ``adaptive_threshold``. "auto" and ``AutoThreshold`` are taken inside the
+    forward (no separate pass over q and k)."""
+    if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
+        return None, DEFAULT_LOG_TOLERANCE
+    if isinstance(adaptive_threshold, AutoThreshold):
+        return None, float(adaptive_threshold.log_pruning_tolerance)
+    if adaptive_threshold is not None:
+        return _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens), None
+    return None, None
+
+
 @torch.compiler.assume_constant_result  # read while tracing; a compiled graph keeps the options it saw
 def _options_key(options: KernelOptions | None) -> str:
     return (options if options is not None else current_options()).key
@@ -217,13 +230,7 @@ def forgetting_attention(
                                             (options if options is not None else current_options()).check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    threshold, auto_log_eps = None, None
-    if isinstance(adaptive_threshold, str) and adaptive_threshold == "auto":
-        auto_log_eps = DEFAULT_LOG_TOLERANCE  # taken inside the forward (no separate pass over q and k)
-    elif isinstance(adaptive_threshold, AutoThreshold):
-        auto_log_eps = float(adaptive_threshold.log_pruning_tolerance)
-    elif adaptive_threshold is not None:
-        threshold = _threshold_tensor(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
+    threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
     key = _options_key(options)
     out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window,
                         key)
