@@ -356,15 +356,13 @@ def _speed(model, ids, log_eps: float, reps: int = 10) -> dict:
     import torch
 
     from fox_kernel import forgetting_attention
+    from fox_layers import set_attention_kernel
 
     calls = []
-    import fox_layers.attention as fla
-
-    original = fla.forgetting_attention
 
     def recording(q, k, v, log_fgate, **kw):
         calls.append((q.detach(), k.detach(), v.detach(), log_fgate.detach(), kw))
-        return original(q, k, v, log_fgate, **kw)
+        return forgetting_attention(q, k, v, log_fgate, **kw)
 
     def time_ms(fn) -> float:
         for _ in range(3):
@@ -392,11 +390,13 @@ def _speed(model, ids, log_eps: float, reps: int = 10) -> dict:
         set_pruning(model, tol)
         row[f"model_ms_{tag}"] = time_ms(model_step)
         calls.clear()
-        fla.forgetting_attention = recording
+        set_attention_kernel(model, recording)
         try:
             model_step()
         finally:
-            fla.forgetting_attention = original
+            set_attention_kernel(model, None)
+        if not calls:
+            raise RuntimeError("the model made no forgetting_attention call to time")
         args = [(q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), lf.requires_grad_(), kw)
                 for q, k, v, lf, kw in calls]
 

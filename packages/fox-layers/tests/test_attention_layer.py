@@ -422,3 +422,33 @@ def test_window_state_recording_its_past_keeps_every_token():
     assert state.held == 21 and state.dropped == 0 and state.can_truncate
     state.truncate(15)
     assert state.length == 15
+
+
+def test_set_attention_kernel_replaces_and_restores_every_layer():
+    from fox_kernel import forgetting_attention
+    from fox_layers import set_attention_kernel
+
+    torch.manual_seed(0)
+    model = torch.nn.ModuleList([_layer("pro", seed=1), _layer("llama", seed=2)])
+
+    def run(x):
+        return model[1](model[0](x)[0])[0]
+
+    x = _x(2, 37)
+    with torch.no_grad():
+        want = run(x)
+    calls = []
+
+    def spy(q, k, v, log_fgate, **kwargs):
+        calls.append(q.shape)
+        return forgetting_attention(q, k, v, log_fgate, **kwargs)
+
+    assert set_attention_kernel(model, spy) == 2
+    with torch.no_grad():
+        got = run(x)
+    assert len(calls) == 2 and calls[0][:2] == (2, 37)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert set_attention_kernel(model, None) == 2
+    with torch.no_grad():
+        run(x)
+    assert len(calls) == 2  # the class's kernel again: the spy is gone

@@ -32,7 +32,7 @@ def _worker(args) -> None:
     from transformers import AutoModelForCausalLM
 
     from fox_kernel.context_parallel import ContextParallel, shard_sequence
-    from fox_layers import ForgettingAttentionLayer
+    from fox_layers import set_attention_kernel
     from fox_models import JSONGPT2Tokenizer
     from fox_models.presets import get_preset
     from fox_train.metrics import flops_per_token, peak_flops
@@ -47,10 +47,7 @@ def _worker(args) -> None:
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     if world > 1:
-        cp = ContextParallel()
-        for m in model.modules():
-            if isinstance(m, ForgettingAttentionLayer):
-                m.attention_kernel = cp
+        set_attention_kernel(model, ContextParallel())
     if args.fsdp:  # parameters, gradients and optimizer state sharded over the ranks (FSDP2), as fox-train can
         from torch.distributed.fsdp import fully_shard
 

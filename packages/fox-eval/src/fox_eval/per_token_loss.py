@@ -44,7 +44,7 @@ def context_parallel(model, seq_len: int):
     zigzag shard of each sequence); returns the ``ContextParallel``. Refuses models that cannot (recurrent
     layers) and lengths that do not split, in one line."""
     from fox_kernel.context_parallel import ContextParallel
-    from fox_layers import ForgettingAttentionLayer
+    from fox_layers import set_attention_kernel
     from fox_models.registry import model_entry
 
     entry = model_entry(model)
@@ -55,8 +55,7 @@ def context_parallel(model, seq_len: int):
     if seq_len % (2 * context.world_size):
         raise ValueError(f"--seq-len must be a multiple of 2 x the number of processes = {2 * context.world_size} "
                          f"with --context-parallel, got {seq_len}")
-    for layer in (m for m in model.modules() if isinstance(m, ForgettingAttentionLayer)):
-        layer.attention_kernel = context
+    set_attention_kernel(model, context)
     return context
 
 

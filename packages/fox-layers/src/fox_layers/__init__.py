@@ -6,6 +6,7 @@ from fox_layers.attention import (
     bare_linear,
     bare_module,
     decay_time_bias,
+    set_attention_kernel,
 )
 from fox_layers.mlp import SwiGLUMLP, intermediate_size_for
 from fox_layers.norms import GroupRMSNorm, RMSNorm, rms_norm
@@ -27,5 +28,6 @@ __all__ = [
     "intermediate_size_for",
     "previous_tokens",
     "rms_norm",
+    "set_attention_kernel",
     "__version__",
 ]

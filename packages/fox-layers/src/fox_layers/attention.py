@@ -188,6 +188,19 @@ def bare_linear(module: nn.Module) -> bool:
     return bare_module(module, nn.Linear)
 
 
+def set_attention_kernel(model: nn.Module, kernel) -> int:
+    """Make ``kernel`` (``forgetting_attention``'s signature) the kernel call of every
+    ``ForgettingAttentionLayer`` in ``model``; ``None`` gives them back the class's ``forgetting_attention``.
+    Returns how many layers."""
+    layers = [m for m in model.modules() if isinstance(m, ForgettingAttentionLayer)]
+    for layer in layers:
+        if kernel is None:
+            layer.__dict__.pop("attention_kernel", None)
+        else:
+            layer.attention_kernel = kernel
+    return len(layers)
+
+
 class ForgettingAttentionLayer(nn.Module):
     """Forgetting Attention with the FoX (Pro) options: QK-norm, key/value shift, output gate and output norm.
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from fox_kernel.context_parallel import ContextParallel, shard_sequence, unshard_sequence
-from fox_layers import ForgettingAttentionLayer
+from fox_layers import set_attention_kernel
 from fox_models.registry import model_entry
 from fox_train import checkpoint as ckpt
 from fox_train.config import TrainConfig, model_config
@@ -206,8 +206,4 @@ def apply_context_parallel(model: torch.nn.Module, mesh: Mesh) -> int:
     over ``mesh.context_group``; returns how many layers. Nothing changes without context parallelism."""
     if mesh.context == 1:
         return 0
-    cp = ContextParallel(mesh.context_group)
-    layers = [m for m in model.modules() if isinstance(m, ForgettingAttentionLayer)]
-    for layer in layers:
-        layer.attention_kernel = cp
-    return len(layers)
+    return set_attention_kernel(model, ContextParallel(mesh.context_group))
