@@ -25,6 +25,7 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -107,6 +108,32 @@ def write_slice(sources: Iterable[tuple[str, str]], out: Path, train_mb: float =
             "min_heldout_kb": min_heldout_kb, "heldout_kb": heldout_kb, "max_file_kb": max_file_kb}
 
 
+FILE_START = re.compile(r"(?<=\n)(?=/\* file: )")
+
+
+def tokenize_documents(texts: list[str], tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """``linux_corpus.tokenize_files`` of directory documents, tokenized file by file: a document's files
+    are split at their ``/* file: PATH */`` headers, which start after a newline, so no BPE word crosses the
+    cut (the tokens equal the whole document's, ``test_reproduce_paper.py`` checks), and the tokenizer's
+    threads share the files of one batch instead of waiting on its longest directory."""
+    pieces, owner = [], []
+    for i, text in enumerate(texts):
+        split = FILE_START.split(text) if text else [text]
+        pieces.extend(split)
+        owner.extend([i] * len(split))
+    stream, offsets = linux_corpus.tokenize_files(pieces, tokenizer)
+    # drop the EOT after every piece but a document's last, and regroup the offsets by document
+    ends = np.ones(len(pieces), dtype=bool)
+    ends[:-1] = np.asarray(owner[1:]) != np.asarray(owner[:-1])
+    keep = np.ones(len(stream), dtype=bool)
+    keep[offsets[1:][~ends] - 1] = False
+    lengths = np.diff(offsets) - (~ends)
+    doc_lengths = np.bincount(np.asarray(owner, dtype=np.int64), weights=lengths, minlength=len(texts)).astype(np.int64)
+    doc_offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(doc_lengths, out=doc_offsets[1:])
+    return stream[keep], doc_offsets
+
+
 def tokenize(slice_path: Path, out_dir: Path, max_train_tokens: int | None = None, min_heldout_tokens: int = 65536,
              tokenizer=None, chunk: int = 64) -> dict:
     """train.npy (the train documents in slice order, tokenized only until ``max_train_tokens`` are there:
@@ -121,14 +148,14 @@ def tokenize(slice_path: Path, out_dir: Path, max_train_tokens: int | None = Non
     texts = [t for _, t in files["train"]]
     parts, done, used = [], 0, 0
     for s in range(0, len(texts), chunk):
-        stream, _ = linux_corpus.tokenize_files(texts[s : s + chunk], tokenizer)
+        stream, _ = tokenize_documents(texts[s : s + chunk], tokenizer)
         parts.append(stream)
         done, used = done + len(stream), s + len(texts[s : s + chunk])
         if max_train_tokens and done >= max_train_tokens:
             break
     np.save(out_dir / "train.npy", np.concatenate(parts) if parts else np.zeros(0, np.uint16))
     paths = [p for p, _ in files["heldout"]]
-    stream, offsets = linux_corpus.tokenize_files([t for _, t in files["heldout"]], tokenizer)
+    stream, offsets = tokenize_documents([t for _, t in files["heldout"]], tokenizer)
     np.save(out_dir / "heldout.npy", stream)
     (out_dir / "heldout_index.json").write_text(json.dumps({"paths": paths, "offsets": offsets.tolist()}))
     lengths = np.diff(offsets) - 1

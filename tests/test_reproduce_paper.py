@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,27 @@ def test_directory_documents_and_split(tmp_path):
     for _, text in files["heldout"]:
         assert len(text) >= 6 * 1024  # long enough, cut only after a whole file past 7 KB
         assert text.endswith("\n") and text.count("/* file: ") <= 4
+
+
+def test_documents_tokenized_file_by_file_equal_whole(tmp_path):
+    import paper_corpus
+
+    from fox_models import JSONGPT2Tokenizer
+    from fox_train.linux_corpus import read_slice, tokenize_files
+
+    write_tree(tmp_path / "tree", dirs=12, seed=3)
+    paper_corpus.write_slice(paper_corpus.iter_tree(tmp_path / "tree"), tmp_path / "s.jsonl.xz", train_mb=0,
+                             heldout_percent=30, min_heldout_kb=1, heldout_kb=4)
+    files = read_slice(tmp_path / "s.jsonl.xz")
+    texts = [t for _, t in files["train"] + files["heldout"]]
+    texts.insert(2, "")  # an empty document keeps its EOT
+    texts.append("int x;\n/* file: a/b.c */\nint y; /* file: not a header */\n")
+    tok = JSONGPT2Tokenizer()
+    whole, whole_offsets = tokenize_files(texts, tok)
+    by_file, offsets = paper_corpus.tokenize_documents(texts, tok)
+    assert sum(t.count("/* file: ") for t in texts) > len(texts)  # documents of several files
+    np.testing.assert_array_equal(by_file, whole)
+    np.testing.assert_array_equal(offsets, whole_offsets)
 
 
 def reproduce(*args, out: Path):
