@@ -15,21 +15,28 @@ from fox_kernel.decode import (
     forgetting_attention_with_kvcache,
 )
 from fox_kernel.ops import forgetting_attention
+from fox_kernel.ops.checks import require_window_size, values_checkable
 from fox_kernel.options import KernelOptions, current_options, kernel_options
-from fox_kernel.pruning import AutoThreshold, pruning_threshold
+from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, AutoThreshold, check_log_tolerance, pruning_threshold
+from fox_kernel.pruning import bound as pruning_bound
 
 __version__ = "0.1.0"
 __all__ = [
+    "DEFAULT_LOG_TOLERANCE",
     "AutoThreshold",
     "KernelOptions",
     "append_to_cache",
     "append_to_paged_cache",
+    "check_log_tolerance",
     "context_parallel_forgetting_attention",
     "current_options",
     "fill_empty_cache",
     "forgetting_attention",
     "forgetting_attention_with_kvcache",
     "kernel_options",
+    "pruning_bound",
     "pruning_threshold",
+    "require_window_size",
+    "values_checkable",
     "__version__",
 ]

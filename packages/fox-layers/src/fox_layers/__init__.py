@@ -8,6 +8,8 @@ from fox_layers.attention import (
     decay_time_bias,
     set_attention_kernel,
 )
+from fox_layers.kernels import use_triton
+from fox_layers.kernels.norm_gate import norm_gate
 from fox_layers.mlp import SwiGLUMLP, intermediate_size_for
 from fox_layers.norms import GroupRMSNorm, RMSNorm, rms_norm
 from fox_layers.rope import apply_rope
@@ -26,8 +28,10 @@ __all__ = [
     "bare_module",
     "decay_time_bias",
     "intermediate_size_for",
+    "norm_gate",
     "previous_tokens",
     "rms_norm",
     "set_attention_kernel",
+    "use_triton",
     "__version__",
 ]

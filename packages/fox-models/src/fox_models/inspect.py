@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fox_kernel import pruning
+from fox_kernel import DEFAULT_LOG_TOLERANCE, pruning_bound
 from fox_layers import ForgettingAttentionLayer
 
-LOG_EPS = pruning.DEFAULT_LOG_TOLERANCE  # ln eps = -10 of the pruning bound (fox_kernel.pruning)
+LOG_EPS = DEFAULT_LOG_TOLERANCE  # ln eps = -10 of the pruning bound (fox_kernel.pruning_bound)
 
 
 class NoForgetGateError(ValueError):
@@ -78,7 +78,7 @@ def pruning_fraction(cap: LayerCapture, block: int = 128, log_eps: float = LOG_E
     """Per head, the fraction of causal (query block, key block) tiles that pruning would skip.
 
     A tile left of the diagonal is skipped when its largest bias c_first_query - c_last_key is below
-    ``fox_kernel.pruning.bound`` (delta = -(2U + ln T) + ln eps) with the U the layer's kernel call uses:
+    ``fox_kernel.pruning_bound`` (delta = -(2U + ln T) + ln eps) with the U the layer's kernel call uses:
     from the QK-norm weights when the layer has QK-norm, else U = max|q| max|k| s.
     """
     q, k, lf = cap.q, cap.k, cap.log_fgate
@@ -89,7 +89,7 @@ def pruning_fraction(cap: LayerCapture, block: int = 128, log_eps: float = LOG_E
         delta = delta[0].detach().double().cpu()
     else:
         u = q.norm(dim=-1).amax(0) * k.norm(dim=-1).amax(0) * D**-0.5
-        delta = pruning.bound(u.double(), T, log_eps)
+        delta = pruning_bound(u.double(), T, log_eps)
     nb = -(-T // block)
     skipped = torch.zeros(H, dtype=torch.float64)
     total = 0

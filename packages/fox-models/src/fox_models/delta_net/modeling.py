@@ -8,8 +8,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from fox_layers import RMSNorm, bare_module
-from fox_layers.kernels.norm_gate import norm_gate
+from fox_layers import RMSNorm, bare_module, norm_gate
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.delta_net.configuration import DeltaNetConfig
 from fox_models.recurrent import RecurrentState, _MixerBackbone, _RecurrentInit

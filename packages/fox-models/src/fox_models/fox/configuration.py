@@ -3,8 +3,7 @@ named configs (the paper's models)."""
 
 from __future__ import annotations
 
-from fox_kernel import pruning
-from fox_kernel.ops import checks
+from fox_kernel import check_log_tolerance, require_window_size
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxLayoutConfig,
@@ -33,7 +32,7 @@ class _DecoderConfig(_FoxLayoutConfig):
         rope_base: float = 500000.0,
         **kwargs,
     ):
-        checks.require_window_size(window_size)
+        require_window_size(window_size)
         require_int("num_heads", num_heads)
         require_int("num_kv_heads", num_kv_heads, optional=True)
         if num_kv_heads is not None:
@@ -82,7 +81,7 @@ class ForgettingTransformerConfig(_DecoderConfig):
         require_positive("decay_time_max", decay_time_max, optional=True)
         require_ordered("decay_time_min", decay_time_min, "decay_time_max", decay_time_max)
         if log_pruning_tolerance is not None:
-            pruning.check_log_tolerance(log_pruning_tolerance)
+            check_log_tolerance(log_pruning_tolerance)
         self.use_rope = use_rope
         self.use_output_gate = use_output_gate
         self.ogate_act = ogate_act

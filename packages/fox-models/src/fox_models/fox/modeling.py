@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fox_kernel.ops.checks import values_checkable
+from fox_kernel import values_checkable
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from fox_kernel.ops import checks
+from fox_kernel import require_window_size
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxConfigBase,
@@ -102,7 +102,7 @@ class SambaConfig(_FoxConfigBase):
                 raise ValueError(f"attn['layers'] must be None (attention on the odd layers, the reference's only "
                                  f"layout), got {attn['layers']!r}")
             attn = {k: attn.get(k) for k in _ATTN_KEYS}
-            checks.require_window_size(attn["window_size"])
+            require_window_size(attn["window_size"])
             require_int("attn num_heads", attn["num_heads"])
             require_int("attn num_kv_heads", attn["num_kv_heads"], optional=True)
             require_divides("attn num_heads", attn["num_heads"], "hidden_size", hidden_size)
@@ -161,7 +161,7 @@ class SambaConfig(_FoxConfigBase):
 
     @window_size.setter
     def window_size(self, value):
-        checks.require_window_size(value)
+        require_window_size(value)
         self._set_attn("window_size", value)
 
     def is_attention_layer(self, layer_idx: int) -> bool:
