@@ -18,6 +18,7 @@ from transformers.generation.configuration_utils import CompileConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, bare_linear, decay_time_bias
+from fox_models import hub
 from fox_models.cache import FoxCache, LayerCache
 from fox_models.compat import (
     CACHE_KWARG,
@@ -153,8 +154,6 @@ class _FoxPreTrainedBase(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' save_pretrained, plus what loads the folder without importing fox_models first:
         ``auto_map`` in config.json and the small module it names (see ``fox_models.hub``)."""
-        from fox_models import hub
-
         self.config.auto_map = hub.auto_map(self.config)
         super().save_pretrained(save_directory, *args, **kwargs)
         hub.write_remote_module(save_directory)

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fox_models.loss import IGNORE_INDEX
+IGNORE_INDEX = -100
+"""The label whose token scores no loss (transformers' convention)."""
+
 
 # Vocabulary tile of the fused passes (one program per token row loops over its row in these tiles).
 # The vocabulary sizes are compile-time constants of the kernels: one build per model, and loop bounds

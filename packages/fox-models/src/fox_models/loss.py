@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from fox_layers import use_triton
+from fox_models.fused_loss import IGNORE_INDEX, _FusedLinearCrossEntropy
+
 # The lm-head GEMM runs with the vocabulary padded to this multiple: with an odd vocabulary (GPT-2's
 # 50257) the logits' rows are not 16-byte aligned and cuBLAS falls back to slow unaligned kernels
 # (measured on an H200: the three lm-head GEMMs of a 16k-token step took ~44 ms instead of ~10 ms).
 PAD_MULTIPLE = 128
-IGNORE_INDEX = -100
 
 
 def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -45,12 +47,8 @@ def per_token_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: 
         weight = F.pad(weight, (0, 0, 0, -vocab % multiple))
     flat_h, flat_y = hidden.reshape(B * T, D), labels.reshape(B * T)
     if fused is None:
-        from fox_layers.kernels import use_triton
-
         fused = use_triton(hidden) and hidden.dtype != torch.float64
     if fused:
-        from fox_models.fused_loss import _FusedLinearCrossEntropy
-
         return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y, vocab, chunk_tokens).view(B, T)
     pieces = []
     for s in range(0, B * T, chunk_tokens):

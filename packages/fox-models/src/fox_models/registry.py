@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from fox_layers import GroupRMSNorm, RMSNorm
-from fox_models import delta_net, fox, hgrn2, mamba2, samba, transformer
+from fox_models import delta_net, fox, hgrn2, hub, mamba2, samba, transformer
 from fox_models.recurrent import RecurrentBlock
+from fox_models.tokenizer import JSONGPT2Tokenizer
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ MODELS = (
 
 _BY_TYPE = {entry.config_class.model_type: entry for entry in MODELS}
 
+for _entry in MODELS:
+    hub.register(_entry.config_class, _entry.model_class, _entry.lm_class)
+hub.register(tokenizer_class=JSONGPT2Tokenizer)
+
 
 def model_entry(config_or_model) -> ModelEntry:
     """The entry of a config, or of a model (by its ``config``)."""
@@ -83,8 +88,6 @@ def register_auto_classes() -> None:
     """Register every model with AutoConfig, AutoModel and AutoModelForCausalLM, and the GPT-2 tokenizer
     with AutoTokenizer."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    from fox_models.tokenizer import JSONGPT2Tokenizer
 
     for e in MODELS:
         AutoConfig.register(e.config_class.model_type, e.config_class, exist_ok=True)

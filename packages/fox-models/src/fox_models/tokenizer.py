@@ -13,6 +13,8 @@ from importlib import resources
 
 from transformers import GPT2Tokenizer
 
+from fox_models import hub
+
 EOT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
 
@@ -71,8 +73,6 @@ class JSONGPT2Tokenizer(GPT2Tokenizer):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' save_pretrained, plus the auto_map that lets AutoTokenizer find this class with
         ``trust_remote_code=True`` and no ``import fox_models`` (see ``fox_models.hub``)."""
-        from fox_models import hub
-
         files = super().save_pretrained(save_directory, *args, **kwargs)
         hub.add_tokenizer_auto_map(save_directory, type(self).__name__)
         return files
