@@ -261,6 +261,11 @@ def check(cfg: TrainConfig) -> None:
             raise ValueError(f"{key} must be at least {low}, got {value!r}")
     if cfg.schedule.min_lr_ratio > 1:
         raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {cfg.schedule.min_lr_ratio}")
+    if not cfg.data.seq_len <= cfg.global_batch_tokens <= cfg.schedule.total_tokens:
+        # a step reads global_batch_tokens before it ends: a batch past the run's length is no run (and an
+        # absurd one, 2^62 tokens, never finishes step 0)
+        raise ValueError(f"global_batch_tokens must be in [data.seq_len, schedule.total_tokens] = "
+                         f"[{cfg.data.seq_len}, {cfg.schedule.total_tokens}], got {cfg.global_batch_tokens}")
     if cfg.global_batch_tokens % cfg.data.seq_len:
         raise ValueError(f"global_batch_tokens {cfg.global_batch_tokens} must be a multiple of data.seq_len "
                          f"{cfg.data.seq_len}")

@@ -37,23 +37,25 @@ def split_documents(docs: list[str], every: int = 11) -> tuple[list[str], list[s
     return [d for i, d in enumerate(docs) if i % every != every - 1], [d for i, d in enumerate(docs) if i % every == every - 1]
 
 
-def text_documents(path: str) -> list[str]:
+def text_documents(path: str, name: str = "data.path") -> list[str]:
+    """The .txt file ``path`` or every .txt file under the folder ``path``, one document each; errors name
+    the setting (``name``: "data.path" or "data.heldout_path")."""
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"data.path {path!r} does not exist")
+        raise FileNotFoundError(f"{name} {path!r} does not exist")
     files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
     if not files:
-        raise FileNotFoundError(f"data.path {path!r} holds no .txt files")
+        raise FileNotFoundError(f"{name} {path!r} holds no .txt files")
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
 
 
-def hf_documents(path: str, text_field: str) -> list[str]:
+def hf_documents(path: str, text_field: str, name: str = "data.path") -> list[str]:
     try:
         import datasets
     except ImportError as e:
         raise ImportError("data.source=hf needs the datasets package: pip install 'fox-train[hf]'") from e
     if not Path(path).exists():
-        raise FileNotFoundError(f"data.path {path!r} does not exist (a dataset saved with save_to_disk)")
+        raise FileNotFoundError(f"{name} {path!r} does not exist (a dataset saved with save_to_disk)")
     ds = datasets.load_from_disk(path)
     if isinstance(ds, datasets.DatasetDict):
         ds = ds["train"]
@@ -185,13 +187,13 @@ class LongCrawl64Sequences:
     comes before any second chunk, as in the reference trainer).
     """
 
-    def __init__(self, path: str, seq_len: int):
+    def __init__(self, path: str, seq_len: int, name: str = "data.path"):
         try:
             import zarr
         except ImportError as e:
             raise ImportError("data.source=longcrawl64 needs zarr: pip install 'fox-train[longcrawl64]'") from e
         if not Path(path).exists():
-            raise FileNotFoundError(f"data.path {path!r} does not exist (the LongCrawl64 train or heldout zarr)")
+            raise FileNotFoundError(f"{name} {path!r} does not exist (the LongCrawl64 train or heldout zarr)")
         self.array = zarr.open(path, mode="r")
         self.docs, self.doc_len = self.array.shape
         if self.doc_len % seq_len:
@@ -272,25 +274,40 @@ def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int):
         else:
             if d.path is None:
                 raise ValueError(f"data.source={d.source} needs data.path")
-            read = text_documents if d.source == "text" else (lambda p: hf_documents(p, d.text_field))
-            docs = read(d.path)
-            train_docs, held_docs = (docs, read(d.heldout_path)) if d.heldout_path else split_documents(docs)
+            read = text_documents if d.source == "text" else (lambda p, name: hf_documents(p, d.text_field, name))
+            docs = read(d.path, "data.path")
+            train_docs, held_docs = ((docs, read(d.heldout_path, "data.heldout_path")) if d.heldout_path
+                                     else split_documents(docs))
             if not held_docs:
                 held_docs = train_docs[-1:]
         stream = lambda docs: StreamSequences(tokenize_documents(docs, tokenizer, cache_dir), d.seq_len, vocab_size)
-        return stream(train_docs), stream(held_docs)
+        return _with_global_batch(cfg, stream(train_docs), stream(held_docs))
     if d.source == "tokens":
         if d.path is None:
             raise ValueError("data.source=tokens needs data.path (a .npy or .bin token file)")
         tokens = load_token_file(d.path, d.token_dtype)
         if d.heldout_path:
-            return StreamSequences(tokens, d.seq_len, vocab_size), StreamSequences(load_token_file(d.heldout_path, d.token_dtype), d.seq_len, vocab_size)
+            held = load_token_file(d.heldout_path, d.token_dtype, name="data.heldout_path")
+            return _with_global_batch(cfg, StreamSequences(tokens, d.seq_len, vocab_size),
+                                      StreamSequences(held, d.seq_len, vocab_size, name="data.heldout_path"))
         cut = len(tokens) * 10 // 11
-        return StreamSequences(tokens[:cut], d.seq_len, vocab_size), StreamSequences(tokens[cut:], d.seq_len, vocab_size)
+        return _with_global_batch(cfg, StreamSequences(tokens[:cut], d.seq_len, vocab_size),
+                                  StreamSequences(tokens[cut:], d.seq_len, vocab_size))
     if d.source == "longcrawl64":
         if d.path is None:
             raise ValueError("data.source=longcrawl64 needs data.path (the train zarr) and data.heldout_path")
         train = LongCrawl64Sequences(d.path, d.seq_len)
-        held = LongCrawl64Sequences(d.heldout_path, d.seq_len) if d.heldout_path else train
-        return train, held
+        held = LongCrawl64Sequences(d.heldout_path, d.seq_len, name="data.heldout_path") if d.heldout_path else train
+        return _with_global_batch(cfg, train, held)
     raise ValueError(f"data.source must be bundled, tokens, text, longcrawl64 or hf, got {d.source!r}")
+
+
+def _with_global_batch(cfg: TrainConfig, train, held):
+    """(train, held): ValueError naming global_batch_tokens when one step would take more sequences than the
+    training data holds (each step would read the data more than once; a huge value would never end step 0)."""
+    seq_len, sequences = cfg.data.seq_len, len(train)
+    if cfg.global_batch_tokens > sequences * seq_len:
+        raise ValueError(f"global_batch_tokens must be in [data.seq_len, the training data's tokens] = [{seq_len}, "
+                         f"{sequences * seq_len}] ({sequences} sequences of data.seq_len={seq_len}), "
+                         f"got {cfg.global_batch_tokens}")
+    return train, held
