@@ -31,6 +31,7 @@ from fox_train.config import (
     ModelConfig,
     TrainConfig,
     check,
+    check_run_name,
     leaves,
     load_config,
     register,
@@ -60,22 +61,82 @@ def _train_config(cfg: DictConfig) -> TrainConfig:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
 
 
+# Folders that Hydra is about to make for this main() call (absolute path -> the folders of it that do not
+# exist yet, deepest first), noted when hydra.run.dir / hydra.sweep.dir are resolved, before Hydra makes them;
+# for a sweep directory that exists already, the names of its entries then.
+_NEW_DIRS: dict[str, list[Path]] = {}
+_SWEEP_ENTRIES: dict[str, set[str]] = {}
+
+
+def _note_new_dirs(path: str) -> None:
+    target = p = Path(os.path.abspath(path))
+    new = []
+    while not p.exists() and p != p.parent:
+        new.append(p)
+        p = p.parent
+    _NEW_DIRS[str(target)] = new
+    if not new and target.is_dir():
+        _SWEEP_ENTRIES[str(target)] = {e.name for e in target.iterdir()}
+
+
+def _remove_new_empty_dirs(run_dir: Path) -> None:
+    """After a refused job: remove its run folder and the folders above it that this call made, while empty
+    (a refused call leaves out_dir as it was). A sweep job's folder counts as made by this call when its
+    sweep directory was, or held no entry of that name."""
+    path = os.path.abspath(run_dir)
+    parent = os.path.dirname(path)
+    if path in _NEW_DIRS:
+        new = _NEW_DIRS[path]
+    elif parent in _NEW_DIRS and (_NEW_DIRS[parent] or os.path.basename(path) not in _SWEEP_ENTRIES.get(parent, set())):
+        new = [Path(path), *_NEW_DIRS[parent]]
+    else:
+        return
+    for d in new:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (or gone): what is above it stays too
+            return
+
+
 @functools.cache  # one answer per main(): Fabric reads hydra.run.dir again to start other processes
 def _run_dir(out_dir: str, run_name: str | None, preset: str, source: str, resume: bool) -> str:
     """hydra.run.dir: ``out_dir/run_name``, else ``out_dir/<preset>-<source>-<time>`` (with ``resume``, the
-    newest such run), as fox_train.run_dir.resolve_run_dir decides."""
+    newest such run), as fox_train.run_dir.resolve_run_dir decides. A run_name that would leave out_dir is
+    refused before Hydra makes the folder."""
     from fox_train.run_dir import resolve_run_dir
 
+    run_name = None if run_name is None else str(run_name)
+    check_run_name(run_name or None)
     cfg = TrainConfig(out_dir=out_dir, run_name=run_name, resume=resume, model=ModelConfig(preset=preset),
                       data=DataConfig(source=source))
-    return str(resolve_run_dir(cfg))
+    path = str(resolve_run_dir(cfg))
+    _note_new_dirs(path)
+    return path
 
 
 @functools.cache
 def _sweep_dir(out_dir: str, run_name: str | None) -> str:
     """hydra.sweep.dir: ``out_dir/run_name``, else ``out_dir/multirun-<time>``; each job runs in a numbered
     directory below it."""
-    return str(Path(out_dir) / (run_name or f"multirun-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
+    run_name = None if run_name is None else str(run_name)
+    check_run_name(run_name or None)
+    path = str(Path(out_dir) / (run_name or f"multirun-{datetime.now().strftime('%Y%m%d-%H%M%S')}"))
+    _note_new_dirs(path)
+    return path
+
+
+def _check_run_name_arguments(argv: list[str]) -> None:
+    """``run_name=NAME`` arguments, checked before Hydra's parser reads them: a newline or a non-ASCII letter
+    stops its lexer with a message that names neither the key nor what it accepts. Quoted values are read
+    without their quotes, a sweep's comma-separated values one by one; interpolations are left to the
+    resolvers above."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key.lstrip("+") != "run_name" or value in ("", "null") or "${" in value:
+            continue
+        quoted = len(value) >= 2 and value[0] == value[-1] and value[0] in "'\""
+        for name in [value[1:-1]] if quoted else value.split(","):
+            check_run_name(name)
 
 
 def _register_resolvers() -> None:
@@ -128,7 +189,19 @@ def _save_hydra_record(task_cfg: DictConfig, run_dir: Path) -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def _app(dict_cfg: DictConfig) -> str:
-    """One job: train in the run directory Hydra made for it (hydra.run.dir, or a sweep job's directory)."""
+    """One job: train in the run directory Hydra made for it (hydra.run.dir, or a sweep job's directory). A
+    refused job removes that folder again when this call made it and it is empty."""
+    from hydra.core.hydra_config import HydraConfig
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        return _job(dict_cfg, run_dir)
+    except BaseException:
+        _remove_new_empty_dirs(run_dir)
+        raise
+
+
+def _job(dict_cfg: DictConfig, run_dir: Path) -> str:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -136,7 +209,6 @@ def _app(dict_cfg: DictConfig) -> str:
     from fox_train.train import train
 
     cfg = _train_config(dict_cfg)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     out = Path(cfg.out_dir).resolve()
     if run_dir.is_relative_to(out):
         cfg.run_name = str(run_dir.relative_to(out))
@@ -227,6 +299,10 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    try:
+        _check_run_name_arguments(argv)
+    except ValueError as e:
+        raise SystemExit(f"fox-train: {e}") from None
     register()
     _register_resolvers()
     GlobalHydra.instance().clear()
@@ -235,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = [saved_argv[0] if saved_argv else "fox-train", *argv]
     _run_dir.cache_clear()
     _sweep_dir.cache_clear()
+    _NEW_DIRS.clear()
+    _SWEEP_ENTRIES.clear()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises errors (instead of printing them) for the lines below
     try:
         _app()

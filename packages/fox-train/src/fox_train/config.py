@@ -8,6 +8,7 @@ experiments under ``longcrawl64/<dir>/<name>``).
 from __future__ import annotations
 
 import math
+import string
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from pathlib import Path
@@ -253,8 +254,27 @@ AT_LEAST = (("data.seq_len", 1), ("micro_batch_size", 1), ("global_batch_tokens"
             ("optimizer.lr", 0), ("optimizer.weight_decay", 0), ("optimizer.grad_clip", 0), ("strategy.num_nodes", 1))
 
 
+# Characters of a run name: what Hydra's override parser reads unquoted and every file system stores, so that
+# ``run_name=NAME`` on a command line names the same folder that train() writes.
+RUN_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "._-+@")
+
+
+def check_run_name(name: str | None) -> None:
+    """``run_name`` names a folder inside ``out_dir``: ASCII letters, digits and ``._-+@``, sub-folders
+    separated by ``/`` (a sweep's jobs run in ``NAME/<job>``); no absolute path, no empty, ``.`` or ``..``
+    part. ValueError in one line otherwise (the name's repr escapes a newline). None: the default
+    name."""
+    if name is None:
+        return
+    parts = name.split("/") if isinstance(name, str) else [""]
+    if any(p in ("", ".", "..") or not RUN_NAME_CHARS.issuperset(p) for p in parts):
+        raise ValueError(f"run_name must be a plain folder name inside out_dir (ASCII letters, digits and ._-+@, "
+                         f"sub-folders joined by /, no '..' or leading /), got {name!r}")
+
+
 def check(cfg: TrainConfig) -> None:
     """Errors a run would meet late, raised before it starts (ValueError naming the field)."""
+    check_run_name(cfg.run_name)
     for key, low in AT_LEAST:
         value = attrgetter(key)(cfg)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= low or math.isinf(value):
