@@ -306,6 +306,11 @@ def check_args(args) -> None:
                 raise ValueError(f"--limit must be > 0 (examples per task, or a fraction below 1), got {value:g}")
         elif value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.command == "generate":
+        if not args.temperature >= 0:  # also refuses nan
+            raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature:g}")
+        if not 0 < args.top_p <= 1:
+            raise ValueError(f"--top-p must be in (0, 1] (the probability mass sampled from), got {args.top_p:g}")
 
 
 def offline_first(online: bool) -> None:

@@ -21,6 +21,9 @@ def check_spec(spec: str) -> tuple[str, Path]:
         raise FileNotFoundError(f"--data path {path!r} does not exist")
     if kind not in KINDS:
         raise ValueError(f"--data kind must be tokens, text or zarr, got {kind!r}")
+    if kind == "text" and Path(path).is_dir() and not any(Path(path).rglob("*.txt")):
+        raise FileNotFoundError(f"--data {spec!r}: the folder holds no .txt files (text:PATH takes a .txt file "
+                                f"or a folder of them)")
     return kind, Path(path)
 
 

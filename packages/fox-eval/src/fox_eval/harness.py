@@ -3,6 +3,8 @@ to 16384 tokens, BOS first, bf16 autocast on a GPU), and one table across models
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 from pathlib import Path
 
@@ -48,18 +50,43 @@ def _fox_lm_class():
     return FoxLM
 
 
+@functools.lru_cache(maxsize=4)
+def task_manager(include_path: str | None = None):
+    """lm-eval's index of tasks, groups and tags (its own and those under ``include_path``), built once per
+    ``include_path``: building it reads every task YAML of lm-eval (seconds)."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path) if include_path else TaskManager()
+
+
+def check_tasks(tasks: list[str], include_path: str | None = None) -> None:
+    """ValueError in one line naming the ``--tasks`` entries that are neither a task, group or tag that lm-eval
+    knows nor a task YAML file, with the closest known names and the command that lists them all (lm-eval
+    itself raises a KeyError from deep inside its task loader)."""
+    known = task_manager(include_path).task_index
+    unknown = [t for t in tasks if t not in known and not Path(t).is_file()]
+    if not unknown:
+        return
+    close = list(dict.fromkeys(c for t in unknown for c in difflib.get_close_matches(t, known, n=3)))
+    where = f" or under --include-path {include_path!r}" if include_path else ""
+    hint = f"; close: {', '.join(close)}" if close else ""
+    raise ValueError(f"--tasks {' '.join(unknown)}: no such task, group or tag in lm-eval{where}{hint}; "
+                     f"'lm-eval ls tasks{f' --include_path {include_path}' if include_path else ''}' lists the "
+                     f"{len(known)} valid names")
+
+
 def evaluate(model, tokenizer, tasks: list[str], include_path: str | None = None, limit: float | None = None,
              batch_size: int = 1, device: str = "cpu", max_length: int = MAX_LENGTH) -> dict:
     """Run lm-eval tasks zero-shot (names, or tasks defined in YAML files under ``include_path``); contexts
     longer than ``max_length`` tokens are cut from the left by lm-eval."""
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
     if max_length < 1:
         raise ValueError(f"--max-length must be >= 1, got {max_length}")
+    check_tasks(tasks, include_path)
     lm = _fox_lm_class()(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size,
                          device=device, add_bos_token=True, max_length=max_length)
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    manager = task_manager(include_path)
     with autocast(device), torch.no_grad():
         out = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, num_fewshot=0,
                               log_samples=False, bootstrap_iters=0)
@@ -94,6 +121,7 @@ def run(models: list[str], tasks: list[str], out: Path, include_path: str | None
     """Evaluate each model folder; write results.json (raw lm-eval results and the table's values per model)
     and results.md / results.tex (models x tasks). Returns (values per model, markdown)."""
     names = model_labels(models, labels)
+    check_tasks(tasks, include_path)  # before any model loads
     out.mkdir(parents=True, exist_ok=True)
     per_model, raw = {}, {}
     for path, name in zip(models, names):

@@ -53,8 +53,10 @@ def precision(device: torch.device | str) -> str:
 
 
 def check_model_dir(path: str) -> None:
+    """A local model folder with a config.json: fox-eval reads no Hub repo id (for a missing folder the Hub
+    client would answer "Repo id must be in the form ...")."""
     if not Path(path).exists():
-        raise FileNotFoundError(f"--model {path!r} does not exist")
+        raise FileNotFoundError(f"--model {path!r} does not exist (expected a local model folder)")
     if not (Path(path) / "config.json").exists():
         raise FileNotFoundError(f"--model {path!r} is not a Hugging Face model directory (no config.json)")
 
@@ -86,6 +88,7 @@ def load_tokenizer(path: str):
 
     import fox_models  # noqa: F401
 
+    check_model_dir(path)
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
