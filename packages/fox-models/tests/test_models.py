@@ -249,15 +249,6 @@ def test_right_and_left_padding_give_the_unpadded_outputs(tmp_path, variant):
             torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_masks_with_holes_are_refused(tmp_path):
-    d, _, _ = _published_dir(tmp_path, "fox-llama")
-    model = AutoModelForCausalLM.from_pretrained(d)
-    ids = torch.randint(0, V, (2, 6))
-    mask = torch.tensor([[1, 1, 0, 1, 1, 0], [1] * 6])
-    with pytest.raises(ValueError, match="one run of ones per row"):
-        model(ids, attention_mask=mask)
-
-
 def test_mismatched_state_dict_names_the_keys(tmp_path):
     d, sd, _ = _published_dir(tmp_path, "fox-llama")
     sd = {k: v.float() for k, v in sd.items()}

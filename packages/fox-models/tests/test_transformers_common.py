@@ -4,8 +4,8 @@ transformers' ``ModelTesterMixin`` and ``GenerationTesterMixin`` live in its rep
 which the installed package does not ship (only ``transformers.testing_utils``); so the checks an in-library
 causal LM gets from them are written here, one test per idea, named after the mixins' tests, and run on a
 tiny FoX (Pro and LLaMA), both Transformers and the recurrent baselines. Skipped, each with its reason: what
-needs a GPU or the Hub, and what an architecture cannot have (attention weights of a recurrence, the
-(B, H, T, D) key/value layout of ``DynamicCache``).
+needs a GPU or the Hub, and what an architecture cannot have (attention weights of a recurrence, keys and
+values in a fixed-size recurrent state).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationConfig
 from transformers.testing_utils import torch_device
 
+from fox_models.cache import FoxCacheLayer
+from fox_models.compat import GenerationMixin, GradientCheckpointingLayer, output_cache
 from fox_models.presets import get_preset
 
 VOCAB, BATCH, SEQ = 99, 3, 7
@@ -557,11 +559,96 @@ def test_cache_reorder_and_batch_selection(tester):
     assert_close(model(nxt[[0, 2]], past_key_values=cache).logits[:, -1], full)
 
 
-@pytest.mark.skip(reason="the architecture's cache is not transformers' (B, H, T, D) key/value pairs: FoX keeps "
-                  "(B, T, Hkv, D) K and V in the kernel's format plus gate prefix sums and token-shift states, the "
-                  "baselines a fixed-size recurrent state (test_past_key_values_format checks DynamicCache's layout)")
-def test_past_key_values_format():
-    pass
+def test_past_key_values_format(tester):
+    """Every attention layer's cache reads as transformers' (B, Hkv, T, D) ``keys``/``values``: views of the
+    (B, T, Hkv, D) tensors the kernels keep (no copy). The recurrent layers keep a fixed-size state."""
+    if tester.family in ("mamba2", "hgrn2", "delta_net"):
+        pytest.skip("a recurrent model's cache is a fixed-size scan state and convolution windows, no keys/values")
+    model, inputs = tester.model(), tester.inputs()
+    cache = output_cache(model(**inputs, use_cache=True))
+    layers = [layer for layer in cache.layers if isinstance(layer, FoxCacheLayer)]
+    assert layers
+    config = model.config
+    for layer in layers:
+        hkv, d = layer.k.shape[2:]
+        if tester.family != "samba":
+            assert (hkv, d) == (config.num_kv_heads or config.num_heads, config.hidden_size // config.num_heads)
+        for kv, own in ((layer.keys, layer.k), (layer.values, layer.v)):
+            assert kv.shape == (BATCH, hkv, SEQ, d)
+            assert kv.data_ptr() == own.data_ptr() and torch.equal(kv, own.transpose(1, 2))
+
+
+def test_can_generate(tester):
+    """``can_generate()`` as transformers defines it: the causal LM inherits ``GenerationMixin``, the backbone
+    does not."""
+    lm, base = type(tester.model()), type(tester.model(cls=AutoModel))
+    assert lm.can_generate() and issubclass(lm, GenerationMixin)
+    assert not base.can_generate() and not issubclass(base, GenerationMixin)
+    assert not hasattr(tester.model(cls=AutoModel), "generate")
+
+
+HOLES = torch.tensor([[0, 0, 1, 1, 0, 1, 1, 1, 1],   # left padding and a hole
+                      [1, 1, 1, 0, 1, 0, 1, 1, 0]])  # two holes and right padding
+
+
+def test_attention_mask_with_holes(tester):
+    """A 2-D mask with zeros anywhere: each kept token's logits and hidden states are those of the row without
+    the masked tokens (they get no attention and do not decay, shift into or update the kept ones); with
+    attentions, a kept query's weights over the kept keys are the row's own and 0 on masked keys."""
+    model = tester.model()
+    ids = ids_tensor(tuple(HOLES.shape))
+    extra = dict(output_attentions=True) if tester.has_attentions else {}
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=HOLES, output_hidden_states=True, **extra)
+        for b, row in enumerate(HOLES.bool()):
+            alone = model(input_ids=ids[b, row][None], output_hidden_states=True, **extra)
+            assert_close(out.logits[b, row], alone.logits[0])
+            for h, h_alone in zip(out.hidden_states, alone.hidden_states, strict=True):
+                assert_close(h[b, row], h_alone[0])
+            for w, w_alone in zip(out.attentions or (), alone.attentions or (), strict=True):
+                assert_close(w[b][:, row][:, :, row], w_alone[0])
+                assert not w[b][:, row][:, :, ~row].any()
+
+
+def test_generate_with_holes_in_the_mask(tester):
+    """Greedy generation from a batch whose mask has holes gives each row the tokens of its kept tokens alone;
+    the cached continuation equals the full forward with the holed mask. The prompts end with a kept token
+    (generate() reads the last position's logits; a masked last token's are meaningless, as with right
+    padding in any decoder-only model)."""
+    model = tester.model()
+    holes = HOLES.clone()
+    holes[:, -1] = 1
+    ids = ids_tensor(tuple(holes.shape))
+    batch = model.generate(ids, attention_mask=holes, max_new_tokens=4, **GREEDY)
+    for b, row in enumerate(holes.bool()):
+        alone = model.generate(ids[b, row][None], max_new_tokens=4, **GREEDY)
+        assert torch.equal(batch[b, ids.shape[1]:], alone[0, int(row.sum()):]), b
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=HOLES, use_cache=True)
+        nxt = ids_tensor((2, 1), seed=1)
+        mask = torch.cat([HOLES, torch.ones(2, 1, dtype=HOLES.dtype)], 1)
+        step = model(input_ids=nxt, attention_mask=mask, past_key_values=output_cache(out)).logits[:, -1]
+        full = model(input_ids=torch.cat([ids, nxt], 1), attention_mask=mask).logits[:, -1]
+    assert_close(step, full)
+
+
+def test_blocks_are_gradient_checkpointing_layers(tester):
+    """Each block is a transformers ``GradientCheckpointingLayer``: ``gradient_checkpointing_enable()`` switches
+    the blocks themselves, and the backward then runs each block's forward again (its first module is called
+    twice per training step instead of once)."""
+    for checkpointing in (False, True):
+        model = tester.model()
+        blocks = model.get_decoder().layers
+        assert all(isinstance(block, GradientCheckpointingLayer) for block in blocks)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        assert all(block.gradient_checkpointing == checkpointing for block in blocks)
+        model.train()
+        calls = []
+        next(blocks[0].children()).register_forward_pre_hook(lambda *_: calls.append(1))
+        inputs = tester.inputs()
+        model(**inputs, labels=inputs["input_ids"]).loss.backward()
+        assert len(calls) == (2 if checkpointing else 1)
 
 
 @pytest.mark.skip(reason="transformers' test builds its own StaticCache of (B, H, T, D) key/value pairs; these "

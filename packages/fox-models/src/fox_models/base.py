@@ -63,6 +63,35 @@ def seq_start_from_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | N
     return None if int(seq_start.max()) == 0 else seq_start
 
 
+def padding_layout(attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(B, T) 0/1 mask -> (seq_start, order): how the backbone reads a 2-D mask.
+
+    A mask of one run of ones per row (left, right or both sides padded) gives its left padding
+    (``seq_start_from_mask``) and ``order=None``. Any other mask (zeros between ones, "holes") gives the
+    (B, T) permutation ``order`` that moves each row's masked tokens in front of its kept ones, both in their
+    order, and the ``seq_start`` of that left-padded row: the backbone runs the rows so permuted, so a masked token is neither attended to nor
+    decays the kept ones (no forget gate, no token shift, no recurrent update of it), and the kept tokens get
+    the outputs of the row without the masked ones. Under torch.compile the mask is read as padding only."""
+    if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_compiling():
+        return seq_start_from_mask(attention_mask), None
+    mask = attention_mask.bool()
+    T = mask.shape[1]
+    pos = torch.arange(T, device=mask.device)[None, :]
+    seq_start = torch.where(mask, pos, T).amin(-1)
+    seq_end = torch.where(mask, pos + 1, 0).amax(-1)
+    if torch.equal(mask, (pos >= seq_start[:, None]) & (pos < seq_end[:, None])):
+        seq_start = seq_start.clamp_max(T - 1)  # an all-padding row: start at the end
+        return (None if int(seq_start.max()) == 0 else seq_start), None
+    order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)
+    return (T - mask.sum(-1)).clamp_max(T - 1), order
+
+
+def permute_tokens(x: torch.Tensor, order: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """x (B, T, ...) with row b's tokens taken in ``order[b]`` (or put back from that order: ``inverse``)."""
+    index = torch.argsort(order, dim=1) if inverse else order
+    return x.gather(1, index.view(*index.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+
+
 def check_attention_mask(attention_mask: torch.Tensor, batch: int, past: int, new: int) -> None:
     """A one-line ValueError unless ``attention_mask`` is (B, cached + new tokens), the 2-D padding mask that
     the model reads (a shorter or longer mask would pad other tokens than the caller meant)."""
@@ -100,7 +129,8 @@ class _FoxPreTrainedBase(PreTrainedModel):
     # The backbones' forward in three parts, shared by FoX, the Transformer and the recurrent baselines.
     def _start(self, input_ids, inputs_embeds, attention_mask, cache, use_cache, output_hidden_states):
         """-> (embedded x, cache or None, cached length, seq_start (left padding) or None, use_cache,
-        output_hidden_states)."""
+        output_hidden_states, order). ``order`` is None, or for a mask with holes the permutation that
+        ``padding_layout`` gives: x is then permuted into it, and ``_finish`` puts the outputs back."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -112,14 +142,16 @@ class _FoxPreTrainedBase(PreTrainedModel):
         if use_cache and cache is None:
             cache = self.new_cache()
         past = 0 if cache is None else cache.get_seq_length()
-        seq_start = None
+        seq_start = order = None
         if attention_mask is not None:
             check_attention_mask(attention_mask, x.shape[0], past, x.shape[1])
             # with a cache the padding was read at the prefill and lives in the cache's states; generate()
             # appends ones after right-padded prompts, so later masks need not be one run of ones
             if past == 0:
-                seq_start = seq_start_from_mask(attention_mask)
-        return x, cache, past, seq_start, use_cache, output_hidden_states
+                seq_start, order = padding_layout(attention_mask)
+                if order is not None:
+                    x = permute_tokens(x, order)
+        return x, cache, past, seq_start, use_cache, output_hidden_states, order
 
     def _run_blocks(self, x, cache, output_hidden_states, extra, output_attentions=False):
         """x through ``self.layers``; block i is called ``block(x, *extra(i), state_i)`` (and
@@ -130,11 +162,9 @@ class _FoxPreTrainedBase(PreTrainedModel):
             if hidden is not None:
                 hidden.append(x)
             args = (x, *extra(i), None if cache is None else cache.layers[i])
-            call = functools.partial(block.__call__, output_attentions=True) if output_attentions else block.__call__
-            if self.gradient_checkpointing and self.training:
-                x = self._gradient_checkpointing_func(call, *args)
-            else:
-                x = call(*args)
+            # each block is a GradientCheckpointingLayer: it checkpoints itself once gradient_checkpointing_enable()
+            # has switched it on
+            x = block(*args, output_attentions=True) if output_attentions else block(*args)
             if weights is not None:
                 x, w = x
                 weights.append(w)
@@ -143,10 +173,18 @@ class _FoxPreTrainedBase(PreTrainedModel):
     def final_norm(self, x):
         return self.norm(x)
 
-    def _finish(self, x, hidden, cache, use_cache, weights=None):
+    def _finish(self, x, hidden, cache, use_cache, weights=None, order=None):
         x = self.final_norm(x)
         if hidden is not None:
             hidden.append(x)
+        if order is not None:  # the tokens back in the input's order (``padding_layout``)
+            x = permute_tokens(x, order, inverse=True)
+            if hidden is not None:
+                hidden = [permute_tokens(h, order, inverse=True) for h in hidden]
+            if weights is not None:  # (B, H, T, T): queries and keys
+                inv = torch.argsort(order, dim=1)
+                rows = torch.arange(inv.shape[0], device=inv.device)[:, None, None]
+                weights = [w[rows, :, inv[:, :, None], inv[:, None, :]].permute(0, 3, 1, 2) for w in weights]
         return BaseModelOutputWithPast(last_hidden_state=x, **cache_field(cache if use_cache else None),
                                        hidden_states=tuple(hidden) if hidden is not None else None,
                                        attentions=tuple(weights) if weights is not None else None)

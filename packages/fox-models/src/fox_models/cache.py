@@ -10,8 +10,10 @@ projections; the cache keeps them for every token only while recording its past
 (``activate_past_recording()``, which ``generate()`` calls for assisted and prompt-lookup decoding).
 A model without a token shift (FoX LLaMA, the Transformers) can always be cropped.
 
-The K/V tensors are (B, T, Hkv, D) (``keys``/``values`` of a layer), not transformers' (B, H, T, D): the
-model reads and writes them itself and never calls ``Cache.update``.
+A layer's K/V tensors ``k``/``v`` are (B, T, Hkv, D), the layout the Forgetting Attention kernels read and
+append to (fox_kernel's decoding kernels and the prefill write tokens along the second axis); the model reads
+and writes them itself and never calls ``Cache.update``. ``keys``/``values`` are the same tensors in
+transformers' layout (B, Hkv, T, D), as views (no copy) for tools that read a cache layer.
 """
 
 from __future__ import annotations
@@ -61,11 +63,13 @@ class FoxCacheLayer(AttentionState, ModelFilledLayer):
 
     @property
     def keys(self):
-        return self.k
+        """K in transformers' layout (B, Hkv, T, D): a view of ``k``."""
+        return None if self.k is None else self.k.transpose(1, 2)
 
     @property
     def values(self):
-        return self.v
+        """V in transformers' layout (B, Hkv, T, D): a view of ``v``."""
+        return None if self.v is None else self.v.transpose(1, 2)
 
     def activate_past_recording(self) -> None:
         self.record_past = True

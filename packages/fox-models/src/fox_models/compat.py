@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import transformers
 from transformers import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 try:  # transformers >= 5 renamed the config base class
@@ -64,5 +65,5 @@ def output_cache(output):
     return getattr(output, CACHE_KWARG)
 
 
-__all__ = ["CACHE_KWARG", "ConfigBase", "GenerationMixin", "TRANSFORMERS_MAJOR", "cache_field", "get_cache",
+__all__ = ["CACHE_KWARG", "ConfigBase", "GenerationMixin", "GradientCheckpointingLayer", "TRANSFORMERS_MAJOR", "cache_field", "get_cache",
            "normalize_cache_kwargs", "output_cache", "pick_cache", "set_cache"]

@@ -16,7 +16,7 @@ from transformers import initialization as init
 from fox_layers import RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxPreTrainedBase
 from fox_models.cache import LayerCache, ModelFilledLayer
-from fox_models.compat import pick_cache
+from fox_models.compat import GradientCheckpointingLayer, pick_cache
 
 # The paper's HGRN2 and DeltaNet sizes: size -> (hidden, layers, heads); heads of width 128.
 SIZES = {"125m": (768, 12, 6), "360m": (1024, 24, 8), "760m": (1536, 24, 12)}
@@ -153,7 +153,7 @@ def _real_tokens(seq_start, past, B, T, device):
     return (pos[None, :] >= seq_start.to(device)[:, None]).unsqueeze(-1)
 
 
-class RecurrentBlock(nn.Module):
+class RecurrentBlock(GradientCheckpointingLayer):
     """Pre-norm block: x + attn(attn_norm(x)), then + mlp(mlp_norm(x)) (the FoX block, a recurrent mixer
     ``mixer_cls(config, layer_idx)`` as ``attn``)."""
 
@@ -207,7 +207,7 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
         if cu_seqlens is not None:
             raise ValueError("cu_seqlens (packed sequences) is not supported by the recurrent baselines; "
                              "pass a left-padded batch with attention_mask")
-        x, cache, past, seq_start, use_cache, output_hidden_states = self._start(
+        x, cache, past, seq_start, use_cache, output_hidden_states, order = self._start(
             input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
             output_hidden_states)
         real = _real_tokens(seq_start, past, x.shape[0], x.shape[1], x.device)
@@ -216,7 +216,7 @@ class _RecurrentBackbone(_RecurrentInit, _FoxPreTrainedBase):
         if cache is not None:
             for state in cache.layers:
                 state.length += x.shape[1]
-        out = self._finish(x, hidden, cache, use_cache)
+        out = self._finish(x, hidden, cache, use_cache, order=order)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return out if return_dict else out.to_tuple()
 

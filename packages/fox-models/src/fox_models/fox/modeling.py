@@ -10,7 +10,7 @@ from fox_kernel import values_checkable
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCache
-from fox_models.compat import pick_cache
+from fox_models.compat import GradientCheckpointingLayer, pick_cache
 from fox_models.fox.configuration import ForgettingTransformerConfig
 
 
@@ -24,8 +24,9 @@ def _check_input_ids(input_ids, vocab_size: int) -> None:
             raise ValueError(f"input_ids must lie in [0, vocab_size) = [0, {vocab_size}), got values in [{lo}, {hi}]")
 
 
-class FoxBlock(nn.Module):
-    """Pre-norm block: x + attn(attn_norm(x)), then + mlp(mlp_norm(x))."""
+class FoxBlock(GradientCheckpointingLayer):
+    """Pre-norm block: x + attn(attn_norm(x)), then + mlp(mlp_norm(x)). Checkpointed as a whole when the
+    model's ``gradient_checkpointing_enable()`` is on (transformers' ``GradientCheckpointingLayer``)."""
 
     def __init__(self, config, attention_cls):
         super().__init__()
@@ -77,14 +78,14 @@ class _FoxBackbone(_FoxPreTrainedBase):
         (float32 softmax of s q.k + c_i - c_j with the causal and padding masks; slow, O(T^2) memory).
         ``past_key_values`` is the older name of ``cache``."""
         _check_input_ids(input_ids, self.embeddings.num_embeddings)
-        x, cache, _, seq_start, use_cache, output_hidden_states = self._start(
+        x, cache, _, seq_start, use_cache, output_hidden_states, order = self._start(
             input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
             output_hidden_states)
         if output_attentions is None:
             output_attentions = self.config.output_attentions
         x, hidden, weights = self._run_blocks(x, cache, output_hidden_states, lambda i: (seq_start, cu_seqlens),
                                               output_attentions)
-        out = self._finish(x, hidden, cache, use_cache, weights)
+        out = self._finish(x, hidden, cache, use_cache, weights, order)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return out if return_dict else out.to_tuple()
 

@@ -11,6 +11,7 @@ from transformers import initialization as init
 
 from fox_layers import RMSNorm
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
+from fox_models.compat import GradientCheckpointingLayer
 from fox_models.mamba2.configuration import Mamba2Config
 from fox_models.recurrent import RecurrentState, _RecurrentBackbone, _RecurrentInit
 from fox_models.recurrent_ops import head_gated_linear_attention, short_conv
@@ -90,7 +91,7 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(self.norm(y.reshape(B, T, -1).to(x.dtype), z))
 
 
-class Mamba2Block(nn.Module):
+class Mamba2Block(GradientCheckpointingLayer):
     def __init__(self, config: Mamba2Config):
         super().__init__()
         self.residual_in_fp32 = config.residual_in_fp32

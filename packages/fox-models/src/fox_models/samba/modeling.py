@@ -14,7 +14,7 @@ from transformers.cache_utils import Cache
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP, bare_linear
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCacheLayer, LayerCache
-from fox_models.compat import pick_cache
+from fox_models.compat import GradientCheckpointingLayer, pick_cache
 from fox_models.mamba2.modeling import CausalConv1d
 from fox_models.recurrent import RecurrentState, _real_tokens
 from fox_models.samba.configuration import SambaConfig
@@ -70,7 +70,7 @@ def _attention(config: SambaConfig) -> ForgettingAttentionLayer:
                                     use_rope=True, rope_base=config.rope_base, window_size=config.window_size)
 
 
-class SambaBlock(nn.Module):
+class SambaBlock(GradientCheckpointingLayer):
     """Pre-norm block: x + mixer(mixer_norm(x)), then + mlp(mlp_norm(x)); the mixer is sliding-window
     attention on the attention layers, Mamba on the others."""
 
@@ -185,7 +185,7 @@ class SambaModel(_SambaInit, _FoxPreTrainedBase):
         if cu_seqlens is not None:
             raise ValueError("cu_seqlens (packed sequences) is not supported by SAMBA (its Mamba scan runs across "
                              "sequence boundaries); pass a left-padded batch with attention_mask")
-        x, cache, past, seq_start, use_cache, output_hidden_states = self._start(
+        x, cache, past, seq_start, use_cache, output_hidden_states, order = self._start(
             input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
             output_hidden_states)
         real = _real_tokens(seq_start, past, x.shape[0], x.shape[1], x.device)
@@ -194,7 +194,7 @@ class SambaModel(_SambaInit, _FoxPreTrainedBase):
             for state in cache.layers:
                 if isinstance(state, RecurrentState):
                     state.length += x.shape[1]
-        out = self._finish(x, hidden, cache, use_cache)
+        out = self._finish(x, hidden, cache, use_cache, order=order)
         return_dict = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
         return out if return_dict else out.to_tuple()
 
