@@ -48,6 +48,9 @@ def test_paper_experiments_are_the_official_ones(name):
     assert differ - strategy <= MAY_DIFFER, sorted(differ - strategy - MAY_DIFFER)
     assert ours["data.seq_len"] == 16384 and ours["model.hidden_size"] == 768 and ours["global_batch_tokens"] == 524288
     assert ours["schedule.total_tokens"] < official["schedule.total_tokens"]
+    from repro_report import OFFICIAL_TOKENS
+
+    assert official["schedule.total_tokens"] == OFFICIAL_TOKENS  # the budget the report scales against
     share = ours["schedule.warmup_tokens"] / ours["schedule.total_tokens"]
     assert share == pytest.approx(official["schedule.warmup_tokens"] / official["schedule.total_tokens"], rel=1e-6)
     assert ours["schedule.total_tokens"] % ours["global_batch_tokens"] == 0
