@@ -47,6 +47,8 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--out", default="host_overhead.json")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print cProfile's top functions (own time) of the autograd calls with and without pruning")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead.py needs a CUDA GPU")
@@ -66,6 +68,10 @@ def main(argv=None):
         o = forgetting_attention(qg, kg, vg, lfg)
         o.backward(o)
 
+    def fox_autograd_pruned():
+        o = forgetting_attention(qg, kg, vg, lfg, adaptive_threshold="auto")
+        o.backward(o)
+
     def sdpa_autograd():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
@@ -77,6 +83,7 @@ def main(argv=None):
         "backward op": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, None),
         "backward op, pruning": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, bound),
         "forgetting_attention fwd+bwd (autograd)": fox_autograd,
+        "forgetting_attention fwd+bwd, auto pruning (autograd)": fox_autograd_pruned,
         "SDPA cuDNN fwd+bwd (autograd)": sdpa_autograd,
     }
     rows = [dict(case=name, host_us=host_us(fn, args.calls)) for name, fn in cases.items()]
@@ -86,8 +93,40 @@ def main(argv=None):
     print(f"{'case':42s} {'host us/call':>12s}")
     for r in rows:
         print(f"{r['case']:42s} {r['host_us']:12.1f}")
+    profiles = {}
+    if args.profile:
+        for name in ("forgetting_attention fwd+bwd (autograd)", "forgetting_attention fwd+bwd, auto pruning (autograd)"):
+            profiles[name] = python_profile(cases[name], args.calls)
+            print(f"\n{name}: top functions by own time (us per call, cumulative us per call)")
+            for row in profiles[name][:30]:
+                print(f"  {row['own_us']:8.1f} {row['cum_us']:8.1f}  {row['function']}")
+            print("  ... by cumulative time:")
+            for row in sorted(profiles[name], key=lambda r: -r["cum_us"])[:45]:
+                print(f"  {row['own_us']:8.1f} {row['cum_us']:8.1f}  {row['function']}")
     with open(args.out, "w") as f:
-        json.dump(dict(env=env, seq_len=T, heads=H, head_dim=D, calls=args.calls, rows=rows), f, indent=1)
+        json.dump(dict(env=env, seq_len=T, heads=H, head_dim=D, calls=args.calls, rows=rows, profiles=profiles), f,
+                  indent=1)
+
+
+def python_profile(fn, calls: int) -> list[dict]:
+    """cProfile of ``calls`` calls of ``fn``: per function, own and cumulative microseconds per call."""
+    import cProfile
+    import pstats
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    rows = []
+    for (file, line, func), (_, _, own, cum, _) in pstats.Stats(prof).stats.items():
+        rows.append(dict(function=f"{func} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})", own_us=own / calls * 1e6,
+                         cum_us=cum / calls * 1e6))
+    return sorted(rows, key=lambda r: -r["own_us"])
 
 
 if __name__ == "__main__":
