@@ -82,35 +82,3 @@ def test_compile_fullgraph_with_options():
     want = torch.autograd.grad(eager, (q, k, v, lf))
     for g, w in zip(grads, want):
         torch.testing.assert_close(g, w)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_eager_calls_equal_the_custom_ops_through_autograd(device):
-    """Outside torch.compile the public function runs an autograd.Function on the same kernels: outputs and
-    gradients equal the custom op's (its registered autograd) bit for bit, with every kind of argument."""
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    q, k, v, lf = _args(device, B=2, T=37, D=24)
-    seq_start = torch.tensor([0, 6], dtype=torch.int32, device=device)
-    cu = torch.tensor([0, 11, 30, 37], dtype=torch.int32, device=device)
-    thr = torch.full((2, 4), -2.0, device=device)
-    cases = [dict(), dict(seq_start=seq_start, window_size=9), dict(adaptive_threshold="auto"),
-             dict(adaptive_threshold=thr), dict(cu_seqlens=cu)]
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(device)
-    for kw in cases:
-        packed = "cu_seqlens" in kw
-        args = [x[:1] if packed else x for x in (q, k, v, lf)]
-        g = dout[:1] if packed else dout
-        out = forgetting_attention(*args, **kw)
-        grads = torch.autograd.grad(out, (q, k, v, lf), g)
-        threshold = {"auto": None}.get(kw.get("adaptive_threshold"), kw.get("adaptive_threshold"))
-        if threshold is not None:
-            threshold = threshold[:1] if packed else threshold
-        auto = -10.0 if kw.get("adaptive_threshold") == "auto" else None
-        window = kw.get("window_size", 0) or 0
-        ref, _, _ = torch.ops.fox_kernel.forgetting_attention_fwd(*args, kw.get("seq_start"), kw.get("cu_seqlens"),
-                                                                  24**-0.5, threshold, auto, window)
-        ref_grads = torch.autograd.grad(ref, (q, k, v, lf), g)
-        assert torch.equal(out, ref), kw
-        for a, b in zip(grads, ref_grads):
-            assert torch.equal(a, b), kw

@@ -1,5 +1,4 @@
-"""The public Forgetting Attention op: argument checks, layout handling and a torch.library custom op (an
-autograd.Function with the same kernels outside ``torch.compile``).
+"""The public Forgetting Attention op: argument checks, layout handling and a torch.library custom op.
 
 ``dispatch`` chooses what runs: the Triton or Gluon kernels on CUDA, the chunked PyTorch twin on the CPU
 (or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``). Both directions are custom
@@ -95,29 +94,6 @@ def _backward(ctx, dout, _dlse, _dbound):
 
 
 torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
-
-
-class _Eager(torch.autograd.Function):
-    """The op outside ``torch.compile``: the same ``dispatch.forward`` and ``dispatch.backward`` as the custom
-    ops, without the custom ops' dispatch and autograd wrapper, whose host time per call was as much as the
-    kernels' launches (``benchmarks/host_overhead.py``). Compiled and exported graphs keep the custom ops."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
-        opts = KernelOptions.from_key(options)
-        out, lse, bound = dispatch.forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold,
-                                           auto_log_eps, window, opts)
-        ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens,
-                              bound if auto_log_eps is not None else threshold)
-        ctx.sm_scale, ctx.window, ctx.options = sm_scale, window, opts
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
-        grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold,
-                                  ctx.window, ctx.options)
-        return *(g.contiguous() for g in grads), None, None, None, None, None, None, None
 
 
 def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
@@ -256,10 +232,6 @@ def forgetting_attention(
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
     key = _options_key(options)
-    if torch.compiler.is_compiling():
-        out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps,
-                            window, key)
-    else:
-        out = _Eager.apply(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window,
-                           key)
+    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window,
+                        key)
     return out.transpose(1, 2) if head_first else out
