@@ -44,7 +44,8 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
     interpreted = [item for item in items if item.nodeid.endswith(INTERPRETED_TEST)]
     if (interpreted and os.environ.get("TRITON_INTERPRET") != "1" and not config.option.collectonly
-            and not any(m.name == "skip" for m in interpreted[0].iter_markers())):
+            and not any(m.name == "skip" or (m.name == "skipif" and any(m.args))
+                        for m in interpreted[0].iter_markers())):
         items.remove(interpreted[0])
         items.append(interpreted[0])
         config.stash[INTERPRETED_RUN] = start_interpreted_kernel_tests()

@@ -5,6 +5,7 @@ workspace's conftest.py starts it right after collection, so it runs beside the 
 waits for it and reads its result.
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -12,11 +13,11 @@ import pytest
 TIMEOUT_S = 2400
 
 
+# skip markers, not skips in the body: the fixture would otherwise start the subprocess before the skip
 @pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="already inside the interpreted run")
+@pytest.mark.skipif(importlib.util.find_spec("numpy") is None, reason="the interpreter needs numpy")
 def test_triton_kernels_in_the_interpreter(interpreted_kernel_run):
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("already inside the interpreted run")
-    pytest.importorskip("numpy")
     proc, log = interpreted_kernel_run
     try:
         proc.wait(timeout=TIMEOUT_S)
