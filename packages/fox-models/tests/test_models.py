@@ -146,6 +146,28 @@ def test_published_directory_loads_and_computes_the_right_function(tmp_path, var
     assert torch.equal(again(ids).logits, logits)
 
 
+@pytest.mark.parametrize("variant", ["fox-pro", "fox-pro-legacy-qknorm"])
+def test_published_weights_load_from_a_state_dict(tmp_path, variant, monkeypatch):
+    """``from_pretrained(None, config=..., state_dict=...)`` (transformers' in-memory load) reads whether the
+    QK-norm weight is shared from the given weights and looks up no file."""
+    from safetensors.torch import load_file
+
+    d, sd, opts = _published_dir(tmp_path, variant)
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("from_pretrained looked up a file for weights given in memory")
+
+    monkeypatch.setattr("transformers.utils.cached_file", no_lookup)
+    config = fox_models.ForgettingTransformerConfig.from_pretrained(d)
+    assert config.qk_norm_share_param_across_head is None
+    model = fox_models.ForgettingTransformerForCausalLM.from_pretrained(
+        None, config=config, state_dict=load_file(str(d / "model.safetensors")))
+    assert model.config.qk_norm_share_param_across_head == variant.endswith("legacy-qknorm")
+    ids = torch.randint(0, V, (2, 9), generator=torch.Generator().manual_seed(1))
+    expected = _independent_logits(sd, opts, ids, variant.endswith("legacy-qknorm"))
+    torch.testing.assert_close(model(ids).logits.double(), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_loss_convention_and_hidden_states(tmp_path):
     d, _, _ = _published_dir(tmp_path, "fox-pro")
     model = AutoModelForCausalLM.from_pretrained(d)

@@ -431,11 +431,18 @@ def _hub_kwargs(kwargs):
 
 
 def _qk_norm_is_shared(path, config, kwargs) -> bool:
-    """Released configs lack the flag: a (head_dim,) ``q_norm.weight`` means one weight shared by heads."""
+    """Released configs lack the flag: a (head_dim,) ``q_norm.weight`` means one weight shared by heads.
+    Weights given as a ``state_dict`` (with or without a path) are read there, never looked up on disk or
+    the Hub."""
     from safetensors import safe_open
     from transformers.utils import cached_file
 
     name = "model.layers.0.attn.q_norm.weight"
+    head_dim = config.hidden_size // config.num_heads
+    state_dict = kwargs.get("state_dict")
+    if state_dict is not None or path is None:
+        weight = (state_dict or {}).get(name)
+        return weight is not None and list(weight.shape) == [head_dim]
     hub = _hub_kwargs(kwargs)
     index = cached_file(path, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False, **hub)
     filename = "model.safetensors"
@@ -449,6 +456,6 @@ def _qk_norm_is_shared(path, config, kwargs) -> bool:
         if name not in f.keys():  # noqa: SIM118 (safe_open is not a dict)
             return False
         shape = f.get_slice(name).get_shape()
-    return list(shape) == [config.hidden_size // config.num_heads]
+    return list(shape) == [head_dim]
 
 
