@@ -75,6 +75,42 @@ def test_decode_refuses_integer_queries_and_caches():
                               random_log_fgate((B, 1, H)))
 
 
+def test_fill_empty_cache_refuses_caches_it_would_cast_or_cannot_reach():
+    """An integer K/V cache (copy_ truncated the keys to integers), float64 prefix sums, caches on another
+    device and a list as k_new: one line naming the argument, and the caches are left as they were."""
+    from fox_kernel import fill_empty_cache
+
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(B, 5, HKV, D, generator=g), torch.randn(B, 5, HKV, D, generator=g)
+    gates = random_log_fgate((B, 5, H), generator=g)
+    kc, vc, cc = torch.zeros(B, 8, HKV, D), torch.zeros(B, 8, HKV, D), torch.zeros(B, 8, H)
+    cases = [
+        ((kc.int(), vc, cc, k, v, gates), TypeError, r"^k_cache must be one of .* got int32$"),
+        ((kc, vc.long(), cc, k, v, gates), TypeError, r"^v_cache must be one of .* got int64$"),
+        ((kc, vc, cc.double(), k, v, gates), ValueError, r"^c_cache must be float32 of shape \(3, 8, 4\), got torch.float64"),
+        ((kc.to("meta"), vc, cc, k, v, gates), ValueError, r"^k_cache must be on cpu like q, got meta$"),
+        ((kc, vc, cc, k.tolist(), v, gates), TypeError, r"^k_new must be a torch.Tensor, got list$"),
+        ((kc, vc, cc, k, v, gates.double()), TypeError, r"^log_fgate_new must be float32, got torch.float64$"),
+    ]
+    for args, error, pattern in cases:
+        with pytest.raises(error, match=pattern):
+            fill_empty_cache(*args)
+    assert not kc.any() and not vc.any() and not cc.any()
+    lens = fill_empty_cache(kc, vc, cc, k, v, gates)  # the valid call writes the keys as they are
+    assert lens.tolist() == [5] * B and torch.equal(kc[:, :5], k) and torch.equal(vc[:, :5], v)
+    torch.testing.assert_close(cc[:, :5], torch.cumsum(gates.double(), 1).float(), rtol=0, atol=1e-6)
+
+
+def test_decode_arguments_that_are_no_tensors_are_named():
+    q, k, v, c = _contiguous()
+    with pytest.raises(TypeError, match=r"^seq_start must be a torch.Tensor, got list$"):
+        forgetting_attention_with_kvcache(q, k, v, c, seq_start=[0, 0, 0])
+    with pytest.raises(TypeError, match=r"^cache_seqlens must be a torch.Tensor, got list$"):
+        forgetting_attention_with_kvcache(q, k, v, c, [12, 12, 12])
+    with pytest.raises(TypeError, match=r"^seq_start must be a torch.Tensor, got tuple$"):
+        append_to_cache(None, None, None, k, v, random_log_fgate((B, 12, H)), seq_start=(0, 0, 0))
+
+
 @pytest.mark.parametrize("scale", [float("inf"), float("nan"), 0.0, -0.25, -float("inf"), True, "0.25"])
 def test_decode_refuses_a_bad_sm_scale(scale):
     q, k, v, c = _contiguous()

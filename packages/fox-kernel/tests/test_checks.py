@@ -45,6 +45,9 @@ def test_valid_call_works():
                                (torch.tensor(float("nan")), "nan"), (torch.full((2, 1), -float("inf")), "-inf"))],
         (lambda a: a, {"adaptive_threshold": torch.ones(2, 4, dtype=torch.bool)}, TypeError,
          r"adaptive_threshold must hold real numbers, got torch.bool"),
+        (lambda a: a, {"seq_start": [0, 1]}, TypeError, r"^seq_start must be a torch.Tensor, got list$"),
+        (lambda a: a, {"cu_seqlens": [0, 8]}, TypeError, r"^cu_seqlens must be a torch.Tensor, got list$"),
+        (lambda a: a, {"options": "fast"}, TypeError, r"^options must be None or a fox_kernel.KernelOptions, got str$"),
     ],
 )
 def test_bad_input(mutate, kwargs, error, pattern):

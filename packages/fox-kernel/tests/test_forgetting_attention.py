@@ -517,3 +517,42 @@ def test_gate_prefix_and_suffix_sum_kernels(device_dtype, T, Tq, padded):
     assert got.dtype == torch.float32 and got.shape == (B, T, H) and got.is_contiguous()
     torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-5)
     assert want.abs().max() > 1.0
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 0), (2, 0, 9), (0, 5, 5)], ids=["T=0", "Tq=0<Tk", "B=0"])
+@pytest.mark.parametrize("pruning", [None, "auto"])
+def test_empty_inputs_give_empty_outputs_and_zero_gradients(device_dtype, shape, pruning):
+    """No query row launches nothing: the Triton kernels in the interpreter died of SIGSEGV at T=0, and the
+    "auto" bound failed in a reduction over zero rows; the plain reference's outputs and gradients are
+    empty or zero."""
+    device, dtype = device_dtype
+    B, Tq, Tk = shape
+    q, k, v, lf = (x.requires_grad_() for x in _inputs(B, Tq, Tk, 4, 2, 16, device, dtype))
+    out = forgetting_attention(q, k, v, lf, adaptive_threshold=pruning)
+    ins = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
+    ref = forgetting_attention_ref(*ins)
+    assert out.shape == ref.shape == q.shape
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    grads = torch.autograd.grad(out, (q, k, v, lf), do, allow_unused=True)
+    ref_grads = torch.autograd.grad(ref, ins, do.double(), allow_unused=True)
+    for g, r, x in zip(grads, ref_grads, (q, k, v, lf)):
+        r = torch.zeros_like(x, dtype=torch.float64) if r is None else r
+        assert g.shape == x.shape and g.dtype == x.dtype
+        torch.testing.assert_close(g.double(), r.cpu(), rtol=0, atol=0)
+
+
+def test_float64_outputs_and_gradients_have_float64_accuracy():
+    """float64 q/k/v (the PyTorch path) sum the gates' prefix sums and keep the log-sum-exp in float64: the
+    decay terms c_i - c_j of float32 sums were off by ~2e-7, as was every output. Reference: the plain
+    formula with float64 gates."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 40, 4, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    lf = torch.nn.functional.logsigmoid(torch.randn(2, 40, 4, generator=g) + 2)
+    ins = [x.clone().requires_grad_() for x in (q, k, v, lf)]
+    refs = [x.detach().double().requires_grad_() for x in (q, k, v, lf)]
+    out = forgetting_attention(*ins)
+    ref = forgetting_attention_ref(*refs)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    do = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    for a, e in zip(torch.autograd.grad(out, ins, do), torch.autograd.grad(ref, refs, do)):
+        torch.testing.assert_close(a.double(), e, rtol=1e-6 if a.dtype == torch.float32 else 1e-11, atol=1e-11)

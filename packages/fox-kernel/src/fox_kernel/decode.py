@@ -245,11 +245,21 @@ def fill_empty_cache(
     tokens go to positions 0 .. Tn - 1 of every row, written as slices. The scattered writes of the general
     form ran at a fraction of the memory bandwidth (56 ms of a 1 s prefill of 32 x 16k tokens into a
     12-layer cache, H100). Returns the new ``cache_seqlens`` (B,) int32, all Tn."""
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache), ("k_new", k_new)):
+        checks.require_tensor(name, x)
+    checks.require_same_device(k_new.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache, v_new=v_new,
+                               log_fgate_new=log_fgate_new, seq_start=seq_start)
+    checks.require_rank("k_cache", k_cache, 4, "(B, capacity, Hkv, D)")
+    checks.require_rank("k_new", k_new, 4, "(B, Tn, Hkv, D)")
     B, Tn = k_new.shape[:2]
     for name, x, cache in (("k_new", k_new, k_cache), ("v_new", v_new, v_cache), ("log_fgate_new", log_fgate_new, c_cache)):
         if x.dim() != cache.dim() or x.shape[0] != cache.shape[0] or x.shape[1] != Tn or x.shape[2:] != cache.shape[2:]:
             raise ValueError(f"{name} must be shaped like its cache with {Tn} positions, "
                              f"{(cache.shape[0], Tn, *cache.shape[2:])}, got {tuple(x.shape)}")
+    _check_new_tokens(k_new, v_new, log_fgate_new)  # dtypes and heads; the shapes agree with the caches'
+    # the caches' dtypes: a copy into an integer cache would truncate silently
+    _check_cache_tensors(k_cache, v_cache, c_cache, tuple(k_cache.shape[:2]), k_cache.shape[2], k_cache.shape[3],
+                         c_cache.shape[2], "its own")
     if Tn > k_cache.shape[1]:
         raise ValueError(f"the cache holds {k_cache.shape[1]} tokens per row; {Tn} new do not fit")
     pos = torch.arange(Tn, device=k_new.device)[None, :]

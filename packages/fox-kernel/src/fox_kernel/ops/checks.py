@@ -29,7 +29,10 @@ def require_rank(name: str, x: torch.Tensor, rank: int, layout: str) -> None:
 
 
 def require_same_device(device: torch.device, **tensors) -> None:
+    """Each of ``tensors`` that is not None is a tensor on ``device``."""
     for name, x in tensors.items():
+        if x is not None:
+            require_tensor(name, x)
         if x is not None and x.device != device:
             raise ValueError(f"{name} must be on {device} like q, got {x.device}")
 

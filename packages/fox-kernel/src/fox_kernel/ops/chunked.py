@@ -5,7 +5,7 @@ log-sum-exp per row; the backward recomputes the probabilities one query chunk a
 holds more than (B, H, chunk, Tk) scores, so long sequences fit on a laptop.
 
 Tensors here are in the kernel layout: q (B, Tq, H, D), k/v (B, Tk, Hkv, D), log_fgate (B, Tk, H),
-lse (B, H, Tq) in natural log (+inf for rows that see no key).
+lse (B, H, Tq) in natural log (+inf for rows that see no key), float32 (float64 for float64 inputs).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def _sequences(cu_seqlens, total):
 
 
 def _prefix_sums(log_fgate, seq_start, acc):
-    """(c, zeros) of ``finite_prefix_sums`` as (B, H, Tk), c in ``acc``."""
-    c, zeros = finite_prefix_sums(log_fgate, seq_start)
+    """(c, zeros) of ``finite_prefix_sums`` as (B, H, Tk), summed in ``acc`` (float64 for float64 q/k/v, whose
+    decay terms ``c_i - c_j`` would otherwise have float32 accuracy)."""
+    c, zeros = finite_prefix_sums(log_fgate.to(acc), seq_start)
     return c.to(acc).permute(0, 2, 1), zeros.permute(0, 2, 1)
 
 
@@ -78,7 +79,7 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window):
     kh = k.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
     vh = v.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
     out = torch.empty(B, H, Tq, D, dtype=acc, device=q.device)
-    lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
+    lse = torch.empty(B, H, Tq, dtype=acc, device=q.device)
     rows = _chunk_rows(B, H, Tq, Tk)
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
@@ -90,7 +91,7 @@ def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window):
         m = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m)
         p = torch.exp(s - m[..., None])
         out[:, :, start:end] = torch.matmul(p, vh[:, :, ks:ke])
-        lse[:, :, start:end] = m.float()
+        lse[:, :, start:end] = m
     return out.permute(0, 2, 1, 3).to(q.dtype), lse
 
 
@@ -139,7 +140,7 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold,
 
 
 def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None, window=0):
-    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32). threshold: (B or N, H) or None; window: the
+    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32, float64 for float64 q). threshold: (B or N, H) or None; window: the
     sliding window W (query i sees keys i - W < j <= i), 0 for none."""
     if cu_seqlens is None:
         return _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window)

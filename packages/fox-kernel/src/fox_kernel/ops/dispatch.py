@@ -31,7 +31,7 @@ import torch
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
 from fox_kernel.options import INTERPRET, KernelOptions
-from fox_kernel.pruning import pruning_threshold
+from fox_kernel.pruning import bound, pruning_threshold
 
 
 class Backend(enum.Enum):
@@ -45,6 +45,12 @@ class Backend(enum.Enum):
 def runs_triton(x: torch.Tensor) -> bool:
     """Whether ``x``'s call runs Triton kernels: on CUDA, or in the interpreter (not for float64)."""
     return x.is_cuda or (INTERPRET and x.dtype != torch.float64)
+
+
+def lse_dtype(q: torch.Tensor) -> torch.dtype:
+    """The forward's log-sum-exp: float32, float64 for float64 q (the PyTorch path, whose backward then keeps
+    float64 accuracy)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def _gluon_applies(q, seq_start, cu_seqlens, window, options: KernelOptions) -> bool:
@@ -104,6 +110,13 @@ def backward_plan(q, seq_start, cu_seqlens, window, options: KernelOptions) -> t
 def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
     """(out, lse, threshold): ``threshold`` as given, or with ``auto_log_eps`` the (rows, H) "auto" bound the
     backward uses. Tensors in the kernel layout (see ``chunked.py``)."""
+    if q.numel() == 0:  # no query row: nothing to launch (a grid of 0 programs is no valid launch)
+        B, Tq, H, _ = q.shape
+        if auto_log_eps is not None:
+            rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
+            threshold = torch.full((rows, H), bound(0.0, k.shape[1], auto_log_eps), dtype=torch.float32,
+                                   device=q.device)
+        return q.new_zeros(q.shape), torch.full((B, H, Tq), float("inf"), dtype=lse_dtype(q), device=q.device), threshold
     backend = forward_backend(q, k, seq_start, cu_seqlens, threshold is not None or auto_log_eps is not None, window,
                               options)
     if backend is Backend.TORCH:
@@ -128,6 +141,8 @@ def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto
 
 def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window, options):
     """(dq, dk, dv, dlog_fgate)."""
+    if q.numel() == 0:  # no query row: no gradient flows to anything
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), log_fgate.new_zeros(log_fgate.shape)
     backend, one_pass = backward_plan(q, seq_start, cu_seqlens, window, options)
     if backend is Backend.TORCH:
         return chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window)

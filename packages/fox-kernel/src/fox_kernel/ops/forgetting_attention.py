@@ -45,7 +45,7 @@ def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_e
     B, Tq, H, _ = q.shape
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     bound = q.new_empty((rows, H) if auto_log_eps is not None else (0,), dtype=torch.float32)
-    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=torch.float32), bound
+    return q.new_empty(q.shape), q.new_empty((B, H, Tq), dtype=dispatch.lse_dtype(q)), bound
 
 
 @torch.library.custom_op("fox_kernel::forgetting_attention_bwd", mutates_args=())
@@ -186,6 +186,8 @@ def forgetting_attention(
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("log_fgate", log_fgate)):
         checks.require_tensor(name, x)
+    if options is not None and not isinstance(options, KernelOptions):
+        raise TypeError(f"options must be None or a fox_kernel.KernelOptions, got {type(options).__name__}")
     layout = "(B, H, T, D)" if head_first else "(B, T, H, D)"
     for name, x in (("q", q), ("k", k), ("v", v)):
         checks.require_rank(name, x, 4, layout)
