@@ -214,6 +214,8 @@ class _FoxPreTrainedBase(PreTrainedModel):
 
 
 class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
+    # Each family's LM class also names GenerationMixin among its own bases, as transformers' models do:
+    # can_generate() and transformers' test_inherits_generation_mixin look at a class's direct bases.
     backbone_cls: type[_FoxPreTrainedBase]  # the family's backbone (AutoModel) class
     _tied_weights_keys = {"lm_head.weight": "model.embeddings.weight"}  # with config.tie_word_embeddings only
 

@@ -10,6 +10,7 @@ from transformers import initialization as init
 
 from fox_layers import RMSNorm, bare_module, norm_gate
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
+from fox_models.compat import GenerationMixin
 from fox_models.delta_net.configuration import DeltaNetConfig
 from fox_models.recurrent import RecurrentState, _MixerBackbone, _RecurrentInit
 from fox_models.recurrent_ops import delta_rule, short_conv
@@ -101,6 +102,6 @@ class DeltaNetModel(_DeltaNetInit, _MixerBackbone):
     mixer_cls = DeltaNetAttention
 
 
-class DeltaNetForCausalLM(_DeltaNetInit, _FoxForCausalLMBase):
+class DeltaNetForCausalLM(_DeltaNetInit, _FoxForCausalLMBase, GenerationMixin):
     config_class = DeltaNetConfig
     backbone_cls = DeltaNetModel

@@ -10,7 +10,7 @@ from fox_kernel import values_checkable
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCache
-from fox_models.compat import GradientCheckpointingLayer, pick_cache
+from fox_models.compat import GenerationMixin, GradientCheckpointingLayer, pick_cache
 from fox_models.fox.configuration import ForgettingTransformerConfig
 
 
@@ -98,6 +98,6 @@ class ForgettingTransformerModel(_FoxBackbone):
     config_class = ForgettingTransformerConfig
 
 
-class ForgettingTransformerForCausalLM(_FoxForCausalLMBase):
+class ForgettingTransformerForCausalLM(_FoxForCausalLMBase, GenerationMixin):
     config_class = ForgettingTransformerConfig
     backbone_cls = ForgettingTransformerModel

@@ -8,6 +8,7 @@ from torch import nn
 
 from fox_layers import RMSNorm
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
+from fox_models.compat import GenerationMixin
 from fox_models.hgrn2.configuration import HGRN2Config
 from fox_models.recurrent import RecurrentState, _MixerBackbone, _RecurrentInit
 from fox_models.recurrent_ops import gated_linear_attention
@@ -67,6 +68,6 @@ class HGRN2Model(_MixerBackbone):
     mixer_cls = HGRN2Attention
 
 
-class HGRN2ForCausalLM(_RecurrentInit, _FoxForCausalLMBase):
+class HGRN2ForCausalLM(_RecurrentInit, _FoxForCausalLMBase, GenerationMixin):
     config_class = HGRN2Config
     backbone_cls = HGRN2Model

@@ -11,7 +11,7 @@ from transformers import initialization as init
 
 from fox_layers import RMSNorm
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
-from fox_models.compat import GradientCheckpointingLayer
+from fox_models.compat import GenerationMixin, GradientCheckpointingLayer
 from fox_models.mamba2.configuration import Mamba2Config
 from fox_models.recurrent import RecurrentState, _RecurrentBackbone, _RecurrentInit
 from fox_models.recurrent_ops import head_gated_linear_attention, short_conv
@@ -151,7 +151,7 @@ class Mamba2Model(_Mamba2Init, _RecurrentBackbone):
         return self.norm_f(x.to(self.embeddings.weight.dtype))  # the residual stream ran in float32
 
 
-class Mamba2ForCausalLM(_Mamba2Init, _FoxForCausalLMBase):
+class Mamba2ForCausalLM(_Mamba2Init, _FoxForCausalLMBase, GenerationMixin):
     """Mamba-2 LM; the backbone lives under ``backbone`` as released (``model`` is an alias)."""
 
     config_class = Mamba2Config

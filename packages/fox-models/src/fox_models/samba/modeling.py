@@ -14,7 +14,7 @@ from transformers.cache_utils import Cache
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP, bare_linear
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCacheLayer, LayerCache
-from fox_models.compat import GradientCheckpointingLayer, pick_cache
+from fox_models.compat import GenerationMixin, GradientCheckpointingLayer, pick_cache
 from fox_models.mamba2.modeling import CausalConv1d
 from fox_models.recurrent import RecurrentState, _real_tokens
 from fox_models.samba.configuration import SambaConfig
@@ -199,7 +199,7 @@ class SambaModel(_SambaInit, _FoxPreTrainedBase):
         return out if return_dict else out.to_tuple()
 
 
-class SambaForCausalLM(_SambaInit, _FoxForCausalLMBase):
+class SambaForCausalLM(_SambaInit, _FoxForCausalLMBase, GenerationMixin):
     """SAMBA LM; the backbone lives under ``backbone`` as in the reference (``model`` is an alias)."""
 
     config_class = SambaConfig

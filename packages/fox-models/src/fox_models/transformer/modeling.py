@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from fox_layers import ForgettingAttentionLayer
 from fox_models.base import _FoxForCausalLMBase
+from fox_models.compat import GenerationMixin
 from fox_models.fox.modeling import _FoxBackbone
 from fox_models.transformer.configuration import TransformerConfig
 
@@ -39,6 +40,6 @@ class TransformerModel(_FoxBackbone):
     attention_cls = TransformerAttention
 
 
-class TransformerForCausalLM(_FoxForCausalLMBase):
+class TransformerForCausalLM(_FoxForCausalLMBase, GenerationMixin):
     config_class = TransformerConfig
     backbone_cls = TransformerModel
