@@ -1,5 +1,5 @@
 """Context-parallel Forgetting Attention across real processes (gloo, CPU, float64) against the
-single-process call on the whole sequence: the output and every gradient, world sizes 2 and 3, GQA, odd
+single-process call on the whole sequence: the output and every gradient, world sizes 2, 3 and 4, GQA, odd
 chunk lengths and head dims, a sliding window, pruning thresholds; the zigzag layout and its inverse, and
 the token before each chunk (a token shift's halo) with its gradient."""
 
@@ -78,7 +78,7 @@ def _check_layout_and_halo(world, rank):
     torch.testing.assert_close(leaf.grad, shard_sequence(expected, world, rank), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3, 4])
 def test_context_parallel_equals_one_process(world):
     run_ranks(__file__, world)
 
@@ -110,10 +110,11 @@ def _check_cuda_bf16(world, rank):
 
 
 @pytest.mark.gpu
-def test_context_parallel_on_two_gpus_within_bf16_noise():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA GPUs")
-    run_ranks(__file__, 2, "cuda")
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_on_gpus_within_bf16_noise(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} CUDA GPUs")
+    run_ranks(__file__, world, "cuda")
 
 
 def test_shard_sequence_refuses_lengths_that_do_not_split():

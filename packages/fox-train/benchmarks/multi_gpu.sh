@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# Two-GPU check of fox-train (issue: scale-out): the 125M FoX (Pro) on the bundled corpus at the same
-# global batch on 1 GPU, 2 GPUs with DDP and 2 GPUs with FSDP; then the step-20 checkpoints of both
-# 2-GPU runs resumed on one GPU. Prints losses and throughput side by side and writes OUT/summary.json.
+# Multi-GPU check of fox-train (issue: scale-out): the 125M FoX (Pro) on the bundled corpus at the same
+# global batch on 1 GPU and on NGPU GPUs (default 2) with DDP and FSDP; then the step-20 checkpoints of the
+# NGPU-GPU runs resumed on one GPU. Prints losses and throughput side by side and writes OUT/summary.json.
 # Each run has its own log (OUT/<run>.log) and time limit (RUN_TIMEOUT seconds, default 300), so one
 # that hangs or fails is reported and the others still run.
-# Runs: gpu1, ddp2, fsdp2 (FSDP, FullyShardedDataParallel), fullyshard2 (strategy=fsdp2: FSDP2's
+# Runs (N = NGPU): gpu1, ddpN, fsdpN (FSDP, FullyShardedDataParallel), fullyshardN (strategy=fsdp2: FSDP2's
 # fully_shard), and the same two with SHARD_GRAD_OP (parameters kept gathered from the forward to the
-# backward: no all-gather in the backward), fsdp2_grad and fullyshard2_grad; the default is
-# "gpu1 ddp2 fsdp2". RESUME=0 skips the resumed runs.
-# Usage: [PYTHON=python3] [RUNS="gpu1 ddp2 fsdp2"] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR [overrides,
-#        e.g. strategy.fsdp_param_dtype=float32]
+# backward: no all-gather in the backward), fsdpN_grad and fullyshardN_grad; the default is
+# "gpu1 ddpN fsdpN". RESUME=0 skips the resumed runs.
+# Usage: [PYTHON=python3] [NGPU=2] [RUNS="gpu1 ddp2 fsdp2"] bash packages/fox-train/benchmarks/multi_gpu.sh OUT_DIR \
+#        [overrides, e.g. strategy.fsdp_param_dtype=float32]
 # The paper's batch (0.5M tokens a step, 16k context; on 2 x H200 DDP 1.99x, FSDP with SHARD_GRAD_OP 1.94x,
 # docs/performance.md):
 #   RESUME=0 RUNS="gpu1 ddp2 fsdp2_grad" bash packages/fox-train/benchmarks/multi_gpu.sh OUT compile=true \
@@ -19,6 +19,7 @@ set -uo pipefail
 out=${1:-outputs/multi_gpu}
 shift || true
 limit=${RUN_TIMEOUT:-300}
+n=${NGPU:-2}
 mkdir -p "$out"
 common=(model=fox-pro-125m data.seq_len=2048 global_batch_tokens=65536 micro_batch_size=8
         schedule.total_tokens=2621440 schedule.warmup_tokens=262144 optimizer.lr=2e-3 eval_every=1000
@@ -31,15 +32,15 @@ run() {  # run NAME OVERRIDES...: one training run, its log, its exit status
   echo "$name: exit $rc after $((SECONDS - t0)) s (log: $out/$name.log)"
   [ $rc -eq 0 ] || tail -c 2000 "$out/$name.log" | tr '\r' '\n' | tail -15
 }
-runs=" ${RUNS:-gpu1 ddp2 fsdp2} "  # a subset, e.g. RUNS="fsdp2" with strategy.fsdp_param_dtype=float32
+runs=" ${RUNS:-gpu1 ddp$n fsdp$n} "  # a subset, e.g. RUNS="fsdp2" with strategy.fsdp_param_dtype=float32
 [[ $runs == *" gpu1 "* ]] && run gpu1 strategy=single
-[[ $runs == *" ddp2 "* ]] && run ddp2 strategy=ddp strategy.devices=2
-[[ $runs == *" fsdp2 "* ]] && run fsdp2 strategy=fsdp strategy.devices=2
-[[ $runs == *" fullyshard2 "* ]] && run fullyshard2 strategy=fsdp2 strategy.devices=2
-[[ $runs == *" fsdp2_grad "* ]] && run fsdp2_grad strategy=fsdp strategy.devices=2 strategy.fsdp_sharding=SHARD_GRAD_OP
-[[ $runs == *" fullyshard2_grad "* ]] && run fullyshard2_grad strategy=fsdp2 strategy.devices=2 \
+[[ $runs == *" ddp$n "* ]] && run ddp$n strategy=ddp strategy.devices=$n
+[[ $runs == *" fsdp$n "* ]] && run fsdp$n strategy=fsdp strategy.devices=$n
+[[ $runs == *" fullyshard$n "* ]] && run fullyshard$n strategy=fsdp2 strategy.devices=$n
+[[ $runs == *" fsdp${n}_grad "* ]] && run fsdp${n}_grad strategy=fsdp strategy.devices=$n strategy.fsdp_sharding=SHARD_GRAD_OP
+[[ $runs == *" fullyshard${n}_grad "* ]] && run fullyshard${n}_grad strategy=fsdp2 strategy.devices=$n \
   strategy.fsdp_sharding=SHARD_GRAD_OP
-for src in ddp2 fsdp2 fullyshard2 fsdp2_grad fullyshard2_grad; do  # resume each 2-GPU run's step-20 checkpoint on one GPU
+for src in ddp$n fsdp$n fullyshard$n fsdp${n}_grad fullyshard${n}_grad; do  # resume each multi-GPU run's step-20 checkpoint on one GPU
   [[ $runs == *" $src "* && ${RESUME:-1} != 0 ]] || continue
   if [ -d "$out/$src/checkpoints/step-00000020" ]; then
     mkdir -p "$out/${src}_on1/checkpoints"
@@ -50,13 +51,14 @@ for src in ddp2 fsdp2 fullyshard2 fsdp2_grad fullyshard2_grad; do  # resume each
     echo "${src}_on1: skipped ($src wrote no step-20 checkpoint)"
   fi
 done
-"${PYTHON:-python}" - "$out" <<'PY'
+"${PYTHON:-python}" - "$out" "$n" <<'PY'
 import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 base, summary = None, {}
 print(f"{'run':20s} {'loss@8':>8s} {'loss@20':>8s} {'loss@32':>8s} {'loss@40':>8s} {'tokens/s':>10s} {'scaling':>8s}")
-names = ("ddp2", "fsdp2", "fullyshard2", "fsdp2_grad", "fullyshard2_grad")
+n = sys.argv[2]
+names = (f"ddp{n}", f"fsdp{n}", f"fullyshard{n}", f"fsdp{n}_grad", f"fullyshard{n}_grad")
 for run in ("gpu1", *names, *(f"{n}_on1" for n in names)):
     path = out / run / "metrics.jsonl"
     recs = [json.loads(l) for l in path.read_text().splitlines() if '"loss"' in l] if path.exists() else []
