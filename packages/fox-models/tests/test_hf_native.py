@@ -122,6 +122,27 @@ def test_lora_on_the_lm_head_is_in_the_loss():
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama", "mamba2"])
+def test_shift_labels_replace_labels_in_the_loss(family):
+    """``shift_labels`` (targets already aligned with the outputs, as sequence/context parallel training
+    passes them) are the loss's targets, every position scored, -100 ignored; ``labels`` beside them do
+    not count; ``num_items_in_batch`` divides their sum."""
+    model = tiny_model(family)
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 50257, (2, 9), generator=g)
+    shift = torch.randint(0, 50257, (2, 9), generator=g)
+    shift[0, 3] = shift[1, -1] = -100
+    logits = model(ids).logits.float()
+    want = F.cross_entropy(logits.transpose(1, 2), shift, ignore_index=-100)
+    torch.testing.assert_close(model(ids, labels=ids, shift_labels=shift).loss, want)
+    torch.testing.assert_close(model(ids, labels=torch.flip(ids, [1]), shift_labels=shift).loss, want)
+    torch.testing.assert_close(model(ids, shift_labels=shift).loss, want)
+    summed = F.cross_entropy(logits.transpose(1, 2), shift, ignore_index=-100, reduction="sum")
+    torch.testing.assert_close(model(ids, labels=ids, shift_labels=shift, num_items_in_batch=5).loss, summed / 5)
+    per_token = model(ids, shift_labels=shift, per_token_loss=True).loss
+    torch.testing.assert_close(per_token, F.cross_entropy(logits.transpose(1, 2), shift, reduction="none"))
+
+
 def test_beam_search_matches_scores_of_the_full_forward():
     model = tiny_model("fox-llama", seed=3)
     prompt = torch.tensor([[50256, 91, 1337, 42]])

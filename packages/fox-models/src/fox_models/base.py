@@ -321,11 +321,15 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         per_token_loss: bool = False,
         num_items_in_batch=None,
         past_key_values: FoxCache | None = None,
+        shift_labels=None,
         **kwargs,
     ):
         """Hugging Face's causal-LM call. ``labels`` (B, T) are the input ids: the model shifts them (the
         output at t is scored against label t + 1), ignores -100 and returns the mean loss over the scored
         tokens (the sum over ``num_items_in_batch`` when the Trainer passes it), with the logits.
+        ``shift_labels`` (B, T), as transformers' losses take them, are targets already aligned with the
+        outputs (the output at t is scored against ``shift_labels[:, t]``) and replace ``labels``: sequence
+        and context parallel training shift the whole sequence before sharding it and pass them.
 
         ``per_token_loss=True`` is the paper's convention (fox-train, fox-eval's per-token loss, the
         published checkpoints' numbers): the caller has shifted (``input_ids = [BOS] + labels[:-1]``), the
@@ -360,17 +364,20 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         )
         h = out.last_hidden_state
         loss = logits = None
-        if labels is not None and labels.shape != h.shape[:2]:
-            raise ValueError(f"labels must have shape {tuple(h.shape[:2])} (B, T), got {tuple(labels.shape)}")
+        for name, given in (("labels", labels), ("shift_labels", shift_labels)):
+            if given is not None and given.shape != h.shape[:2]:
+                raise ValueError(f"{name} must have shape {tuple(h.shape[:2])} (B, T), got {tuple(given.shape)}")
         # config.fuse_cross_entropy=False keeps the unfused (float32 log-softmax) loss everywhere
         fused = None if getattr(self.config, "fuse_cross_entropy", True) else False
-        if labels is not None and per_token_loss:
-            loss = self._per_token_loss(h, labels, fused)
+        if per_token_loss and (labels is not None or shift_labels is not None):
+            loss = self._per_token_loss(h, shift_labels if shift_labels is not None else labels, fused)
         else:
             logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
-            if labels is not None:
-                per_token = self._per_token_loss(h[:, :-1], labels[:, 1:], fused)
-                count = num_items_in_batch if num_items_in_batch is not None else (labels[:, 1:] != IGNORE_INDEX).sum()
+            if shift_labels is not None or labels is not None:
+                # the hidden states scored and their targets
+                scored, targets = (h, shift_labels) if shift_labels is not None else (h[:, :-1], labels[:, 1:])
+                per_token = self._per_token_loss(scored, targets, fused)
+                count = num_items_in_batch if num_items_in_batch is not None else (targets != IGNORE_INDEX).sum()
                 loss = per_token.sum() / count
         output = CausalLMOutputWithPast(loss=loss, logits=logits, **cache_field(output_cache(out)),
                                         hidden_states=out.hidden_states, attentions=out.attentions)
