@@ -2,6 +2,7 @@
 uneven chunked prefill, left padding, packed varlen. Errors are measured against a float64 run."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -58,7 +59,8 @@ def test_full_pass_matches_float64(variant):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("chunks", [[23, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [5, 11, 1, 7, 10]], ids=["decode", "uneven"])
+@pytest.mark.parametrize("chunks", [[23, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [5, 11, 1, 7, 10], [0, 5, 0, 11, 1, 0, 7, 10]],
+                         ids=["decode", "uneven", "empty-chunks"])
 def test_prefill_and_decoding_match_full_pass(variant, chunks):
     layer = _layer(variant)
     x = _x(2, sum(chunks))
@@ -339,6 +341,40 @@ def test_bad_options_are_named():
         ForgettingAttentionLayer(32, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match="needs decay_time_min and decay_time_max"):
         ForgettingAttentionLayer(32, 4, fgate_type="fixed")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_heads=0), "num_heads must be an int >= 1, got 0"),  # was a ZeroDivisionError
+    (dict(hidden_size=0), "hidden_size must be an int >= 1, got 0"),  # built a layer of width 0
+    (dict(hidden_size=-8), "hidden_size must be an int >= 1, got -8"),  # "negative dimension -8" from nn.Linear
+    (dict(num_kv_heads=0.5), "num_kv_heads must be an int >= 1 or None, got 0.5"),
+    (dict(fgate_bias_init=True, decay_time_min=10.0, decay_time_max=2.0),
+     "decay_time_min must be <= decay_time_max 2.0, got 10.0"),  # built with the decay times reversed
+    (dict(fgate_bias_init=True, decay_time_min=-1.0, decay_time_max=2.0),
+     "decay_time_min must be a finite number > 0 or None, got -1.0"),  # "math domain error"
+    (dict(use_rope=True, rope_base=-1.0), "rope_base must be a finite number > 0, got -1.0"),  # built
+    (dict(use_output_norm=True, norm_eps=-1.0), "norm_eps must be a finite number > 0, got -1.0"),  # built
+])
+def test_sizes_times_bases_and_epsilons_out_of_range_are_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ForgettingAttentionLayer(**{"hidden_size": 32, "num_heads": 4, **kwargs})
+
+
+def test_hidden_states_of_another_width_are_named():
+    """A tensor concatenation deep in the projections reported the mismatch without naming the input."""
+    layer = ForgettingAttentionLayer(32, 4)
+    for x in (torch.randn(1, 5, 16), torch.randn(5, 32)):
+        with pytest.raises(ValueError, match=re.escape(f"hidden_states must be (B, T, hidden_size=32), got {tuple(x.shape)}")):
+            layer(x)
+
+
+@pytest.mark.parametrize("variant", ["llama", "pro"])
+def test_an_empty_sequence_gives_an_empty_output(variant):
+    """T = 0 (the token shift's reshape and the norm's failed on zero tokens): an empty output, as the
+    float64 run of the same layer gives."""
+    out, _ = _layer(variant)(_x(2, 0))
+    exact, _ = _layer(variant).double()(_x(2, 0).double())
+    assert out.shape == exact.shape == (2, 0, HIDDEN)
 
 
 @pytest.mark.gpu

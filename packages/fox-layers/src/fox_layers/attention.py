@@ -21,6 +21,22 @@ from fox_layers.shift import ShiftLinear
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
 
 
+def _require_int(name: str, value, optional: bool = False) -> None:
+    """A size or count: an int >= 1 (None too with ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1{' or None' if optional else ''}, got {value!r}")
+
+
+def _require_positive(name: str, value, optional: bool = False) -> None:
+    """A time, base or epsilon: a finite number > 0 (None too with ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0{' or None' if optional else ''}, got {value!r}")
+
+
 def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
     """Gate biases with decay times T_h = exp(linspace(ln T_min, ln T_max, H)): logsigmoid(b_h) = -1/T_h.
 
@@ -101,7 +117,7 @@ class AttentionState:
         self.k, self.v, self.c = append_to_cache(self.k, self.v, self.c, k, v, log_fgate, self.held_seq_start)
         self.k, self.v = owned(self.k), owned(self.v)
         for name, unmixed in (("k", k_unmixed), ("v", v_unmixed)):
-            if unmixed is None:
+            if unmixed is None or unmixed.shape[1] == 0:  # an empty chunk leaves the carried token as it was
                 continue
             last = unmixed[:, -1]  # a decoding step's (B, 1, N) buffer is small: kept as a view, no copy
             setattr(self, f"{name}_shift", owned(last) if unmixed.shape[1] > 1 else last)
@@ -243,6 +259,15 @@ class ForgettingAttentionLayer(nn.Module):
         window_size: int | None = None,
     ):
         super().__init__()
+        _require_int("hidden_size", hidden_size)
+        _require_int("num_heads", num_heads)
+        _require_int("num_kv_heads", num_kv_heads, optional=True)
+        for name, value in (("decay_time_min", decay_time_min), ("decay_time_max", decay_time_max)):
+            _require_positive(name, value, optional=True)
+        if decay_time_min is not None and decay_time_max is not None and decay_time_min > decay_time_max:
+            raise ValueError(f"decay_time_min must be <= decay_time_max {decay_time_max}, got {decay_time_min}")
+        _require_positive("rope_base", rope_base)
+        _require_positive("norm_eps", norm_eps)
         num_kv_heads = num_kv_heads or num_heads
         if hidden_size % num_heads != 0:
             raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")
@@ -471,6 +496,9 @@ class ForgettingAttentionLayer(nn.Module):
         O(T^2) memory) and return (output, state, weights (B, H, T, T_keys)).
         """
         x = hidden_states
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.hidden_size:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"hidden_states must be (B, T, hidden_size={self.hidden_size}), got {got}")
         B, T, _ = x.shape
         if cu_seqlens is not None and state is not None:
             raise ValueError("cu_seqlens (packed training batches) cannot be combined with a decoding state")

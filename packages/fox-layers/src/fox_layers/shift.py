@@ -31,7 +31,7 @@ def previous_tokens(
     first = torch.zeros(B, 1, C, dtype=x.dtype, device=x.device) if state is None else state[:, None].to(x.dtype)
     if state is not None and seq_start is not None:  # the carried token was itself padding
         first = first * (past - 1 >= seq_start).to(x.dtype)[:, None, None]
-    prev = torch.cat([first, x[:, :-1]], dim=1)
+    prev = torch.cat([first, x[:, :-1]], dim=1)[:, :T]  # T = 0: no position, not the carried token
     if cu_seqlens is not None:
         starts = cu_seqlens[:-1].long()
         starts = starts[starts < T]
@@ -62,6 +62,9 @@ class ShiftLinear(nn.Module):
         (B, T, num_heads) (a layer that computes both in one fused matmul passes them here)."""
         from fox_layers.kernels import use_triton
 
+        B, T, C = cur.shape
+        if T == 0:  # an empty chunk mixes nothing and passes the carried token on (zeros: none yet)
+            return cur, state if state is not None else cur.new_zeros(B, C)
         if use_triton(cur):
             from fox_layers.kernels.shift import shift_mix
 
@@ -69,7 +72,6 @@ class ShiftLinear(nn.Module):
         acc = torch.promote_types(cur.dtype, torch.float32)
         alpha = torch.sigmoid(s.to(acc))[..., None]  # (B, T, H, 1)
         prev = previous_tokens(cur, state, seq_start, cu_seqlens, past)
-        B, T, C = cur.shape
         heads = lambda t: t.view(B, T, self.num_heads, C // self.num_heads).to(acc)
         out = (alpha * heads(prev) + (1 - alpha) * heads(cur)).to(cur.dtype).view(B, T, C)
         return out, cur[:, -1]

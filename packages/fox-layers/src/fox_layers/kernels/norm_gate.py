@@ -81,7 +81,7 @@ def norm_gate_reference(x, weight, gate, num_groups: int, eps: float, act: str =
     """PyTorch twin: x, gate (..., G * Dg); weight (G * Dg,) or (Dg,) shared by the groups."""
     shape = x.shape
     acc = torch.promote_types(x.dtype, torch.float32)
-    xg = x.reshape(*shape[:-1], num_groups, -1).to(acc)
+    xg = x.reshape(*shape[:-1], num_groups, shape[-1] // num_groups).to(acc)  # -1 is ambiguous for 0 rows
     w = weight.to(acc) if weight.numel() == xg.shape[-1] else weight.to(acc).view(num_groups, -1)
     y = (xg * torch.rsqrt(xg.pow(2).mean(-1, keepdim=True) + eps) * w).reshape(shape)
     if gate is not None:
