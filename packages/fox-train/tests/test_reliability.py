@@ -89,8 +89,8 @@ def test_quoted_and_nested_run_names_inside_out_dir_still_work(tmp_path):
 
 def test_a_refused_run_leaves_no_folder(tmp_path):
     """The folder Hydra makes for the run (and the out_dir it made) goes again when the call is refused, in
-    the command line's checks or in train()'s (a missing data file); a folder that was there stays, as do
-    the other jobs' folders of a sweep."""
+    the command line's checks or in train()'s (a missing data file); a folder that was there stays. A sweep
+    whose every job is refused leaves no sweep folder."""
     out = tmp_path / "new" / "out"
     with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1, got 0$"):
         main([f"out_dir={out}", "run_name=r", "log_every=0", *SMALL[:-2]])
@@ -105,7 +105,7 @@ def test_a_refused_run_leaves_no_folder(tmp_path):
     (tmp_path / "mine").rmdir()
     with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1, got -?\d$"):
         main(["-m", f"out_dir={tmp_path}", "run_name=sweep", "log_every=0,-1", *SMALL[:-2]])
-    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["multirun.yaml"]  # Hydra's sweep record
+    assert list(tmp_path.iterdir()) == []  # nor Hydra's multirun.yaml, which the sweep folder used to keep
 
 
 @pytest.mark.parametrize("source", ["text", "tokens"])
@@ -128,3 +128,52 @@ def test_a_missing_held_out_path_is_named_as_such(tmp_path, source):
         with pytest.raises(SystemExit, match=rf"^fox-train: data.heldout_path '{floats}' holds float32 values"):
             main([f"out_dir={tmp_path}", "run_name=r", *SMALL, "data=tokens", f"data.path={path}",
                   f"data.heldout_path={floats}"])
+
+
+def test_a_run_refused_after_tokenizing_leaves_no_token_cache(tmp_path):
+    """The token cache (out_dir/.token-cache) is written once the run is accepted: a global batch larger than
+    the text, or a missing init_from, found after the text was tokenized, used to leave it behind."""
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text("In the beginning God created the heaven and the earth. " * 300)
+    out = tmp_path / "out"
+    data = ["data=text", f"data.path={tmp_path / 'text'}"]
+    with deadline(120), pytest.raises(SystemExit) as e:
+        main([f"out_dir={out}", "run_name=r", *SMALL, *data, "global_batch_tokens=1048576",
+              "schedule.total_tokens=1048576"])
+    assert _one_line(e).startswith("fox-train: global_batch_tokens must be in [data.seq_len, the training data's "
+                                   "tokens] = [64, ")
+    assert not out.exists(), list(out.rglob("*"))
+    with deadline(120), pytest.raises(SystemExit, match=r"^fox-train: init_from"):
+        main([f"out_dir={out}", "run_name=r", *SMALL, *data, f"init_from={tmp_path / 'no-such-run'}"])
+    assert not out.exists(), list(out.rglob("*"))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("optimizer.betas=[0.9]", "optimizer.betas must be two numbers in [0, 1), got [0.9]"),  # an IndexError traceback
+    ("optimizer.betas=[1.5,0.9]", "optimizer.betas must be two numbers in [0, 1), got [1.5, 0.9]"),
+    ("optimizer.eps=0", "optimizer.eps must be a finite number > 0, got 0.0"),  # non-finite gradients at step 1
+    ("optimizer.eps=-1", "optimizer.eps must be a finite number > 0, got -1.0"),
+    ("seed=-1", "seed must be an int in [0, 4294967295] (numpy's seeds), got -1"),
+    ("seed=4294967296", "seed must be an int in [0, 4294967295] (numpy's seeds), got 4294967296"),
+    ("data.order=bogus", "data.order must be one of ('paper', 'shuffled'), got 'bogus'"),  # ran in stored order
+    ("model.hidden_size=-1", "model.hidden_size must be an int >= 1, got -1"),  # named as hidden_size
+    ("model.num_hidden_layers=-1", "model.num_hidden_layers must be an int >= 1, got -1"),
+    ("+model.overrides.norm_eps=-1", "model.overrides.norm_eps must be a finite number > 0, got -1"),
+])
+def test_settings_torch_or_the_model_would_refuse_are_named_as_set(tmp_path, override, message):
+    """Values that AdamW, numpy's seeding or the model's config refused in words naming no setting (or a
+    traceback), or that were accepted without effect, are refused before the run in one line naming the
+    setting as the command line sets it."""
+    with pytest.raises(SystemExit) as e:
+        main([f"out_dir={tmp_path}", "run_name=r", *SMALL, override])
+    assert _one_line(e) == f"fox-train: {message}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_token_file_is_named(tmp_path):
+    """An empty .npy loads as an array without its file name: the stream was called "the token stream"."""
+    empty = tmp_path / "empty.npy"
+    np.save(empty, np.zeros(0, np.uint16))
+    with pytest.raises(SystemExit) as e:
+        main([f"out_dir={tmp_path / 'out'}", "run_name=r", *SMALL, "data=tokens", f"data.path={empty}"])
+    assert _one_line(e) == f"fox-train: data.path '{empty}' holds no tokens"

@@ -98,6 +98,22 @@ def _remove_new_empty_dirs(run_dir: Path) -> None:
             return
 
 
+def _remove_refused_sweep() -> None:
+    """After a sweep stopped by a refused job: a sweep directory that this call made and that holds nothing
+    but Hydra's ``multirun.yaml`` (the refused jobs' folders are gone) is removed, with the folders above
+    it that this call made, so a refused sweep leaves out_dir as it was."""
+    for path, new in _NEW_DIRS.items():
+        sweep = Path(path)
+        if not new or not sweep.is_dir() or [e.name for e in sweep.iterdir()] != ["multirun.yaml"]:
+            continue
+        (sweep / "multirun.yaml").unlink()
+        for d in new:
+            try:
+                d.rmdir()
+            except OSError:  # not empty: what is above it stays too
+                break
+
+
 @functools.cache  # one answer per main(): Fabric reads hydra.run.dir again to start other processes
 def _run_dir(out_dir: str, run_name: str | None, preset: str, source: str, resume: bool) -> str:
     """hydra.run.dir: ``out_dir/run_name``, else ``out_dir/<preset>-<source>-<time>`` (with ``resume``, the
@@ -317,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _app()
     except RunError as e:
+        _remove_refused_sweep()
         raise SystemExit(f"fox-train: {e}") from None
     except (HydraException, OmegaConfBaseException) as e:
         raise SystemExit(f"fox-train: bad configuration: {_one_line(e)}") from None

@@ -254,6 +254,24 @@ AT_LEAST = (("data.seq_len", 1), ("micro_batch_size", 1), ("global_batch_tokens"
             ("optimizer.lr", 0), ("optimizer.weight_decay", 0), ("optimizer.grad_clip", 0), ("strategy.num_nodes", 1))
 
 
+SEED_MAX = 2**32 - 1
+ORDERS = ("paper", "shuffled")
+
+
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def check_optimizer(o: OptimizerConfig) -> None:
+    """AdamW's betas and eps, which torch would refuse at the first step in words that name no setting (or,
+    for eps = 0, accept and divide by zero)."""
+    betas = list(o.betas) if isinstance(o.betas, (list, tuple)) else o.betas
+    if not isinstance(betas, list) or len(betas) != 2 or not all(_number(b) and 0 <= b < 1 for b in betas):
+        raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {betas!r}")
+    if not _number(o.eps) or o.eps <= 0:
+        raise ValueError(f"optimizer.eps must be a finite number > 0, got {o.eps!r}")
+
+
 # Characters of a run name: what Hydra's override parser reads unquoted and every file system stores, so that
 # ``run_name=NAME`` on a command line names the same folder that train() writes.
 RUN_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "._-+@")
@@ -281,6 +299,11 @@ def check(cfg: TrainConfig) -> None:
             raise ValueError(f"{key} must be at least {low}, got {value!r}")
     if cfg.schedule.min_lr_ratio > 1:
         raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {cfg.schedule.min_lr_ratio}")
+    check_optimizer(cfg.optimizer)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed <= SEED_MAX:
+        raise ValueError(f"seed must be an int in [0, {SEED_MAX}] (numpy's seeds), got {cfg.seed!r}")
+    if cfg.data.order not in ORDERS:
+        raise ValueError(f"data.order must be one of {ORDERS}, got {cfg.data.order!r}")
     if not cfg.data.seq_len <= cfg.global_batch_tokens <= cfg.schedule.total_tokens:
         # a step reads global_batch_tokens before it ends: a batch past the run's length is no run (and an
         # absurd one, 2^62 tokens, never finishes step 0)
@@ -303,13 +326,23 @@ def check(cfg: TrainConfig) -> None:
 
 
 def model_config(cfg: ModelConfig):
-    """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied."""
+    """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied.
+    A field the config refuses is named as it is set here: ``model.hidden_size``, ``model.overrides.norm_eps``."""
     config = get_preset(cfg.preset)
     given = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
     for k in given:
         if not hasattr(config, k):
             raise ValueError(f"model.{k} is not a field of {cfg.preset} ({type(config).__name__})")
-    return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
+    try:
+        return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
+    except ValueError as e:
+        message = str(e)
+        field_name = message.split(" ", 1)[0]
+        if field_name in cfg.overrides:
+            raise ValueError(f"model.overrides.{message}") from None
+        if field_name in MODEL_FIELDS:
+            raise ValueError(f"model.{message}") from None
+        raise ValueError(f"model={cfg.preset}: {message}") from None
 
 
 # Keys whose value may change when a run resumes (``resume=true key=value``): how long it trains (extending

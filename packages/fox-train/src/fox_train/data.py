@@ -64,18 +64,29 @@ def hf_documents(path: str, text_field: str, name: str = "data.path") -> list[st
     return list(ds[text_field])
 
 
-def tokenize_documents(docs: list[str], tokenizer, cache_dir: str | None = None) -> np.ndarray:
-    """One token stream: each document's tokens followed by EOT. Cached on disk by content hash."""
+def tokenize_documents(docs: list[str], tokenizer, cache_dir: str | None = None,
+                       unsaved: list | None = None) -> np.ndarray:
+    """One token stream: each document's tokens followed by EOT. Cached on disk by content hash; with
+    ``unsaved`` (a list), a stream not yet cached is appended to it as (cache path, stream) instead of being
+    written (``save_token_caches`` writes them once the run is accepted)."""
     digest = hashlib.sha1("\x00".join(docs).encode()).hexdigest()[:16]
     cache = Path(cache_dir) / f"tokens-{digest}.npy" if cache_dir else None
     if cache is not None and cache.exists():
         return np.load(cache, mmap_mode="r")
     ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
     stream = np.fromiter((t for doc in ids for t in (*doc, EOT)), dtype=np.uint16 if len(tokenizer) <= 65535 else np.uint32)
-    if cache is not None:
+    if cache is not None and unsaved is not None:
+        unsaved.append((cache, stream))
+    elif cache is not None:
+        save_token_caches([(cache, stream)])
+    return stream
+
+
+def save_token_caches(unsaved: list) -> None:
+    """Write the (cache path, stream) pairs that ``tokenize_documents`` held back."""
+    for cache, stream in unsaved:
         cache.parent.mkdir(parents=True, exist_ok=True)
         save_npy(cache, stream)
-    return stream
 
 
 def load_token_file(path: str, dtype: str = "uint16", name: str = "data.path") -> np.ndarray:
@@ -109,6 +120,8 @@ def load_token_file(path: str, dtype: str = "uint16", name: str = "data.path") -
     _require_integer_ids(tokens.dtype, what)
     if tokens.ndim != 1:
         raise ValueError(f"{what} must hold a 1-D token stream, got shape {tokens.shape}")
+    if tokens.size == 0:  # (numpy loads an empty .npy as an array without its file name)
+        raise ValueError(f"{what} holds no tokens")
     return tokens
 
 
@@ -264,9 +277,10 @@ def make_batch(source, indices: list[int], bos: int = EOT) -> tuple[torch.Tensor
     return inputs, labels
 
 
-def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int):
+def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int, unsaved: list | None = None):
     """The training and held-out sequences that ``cfg.data`` names; without a held-out path, the held-out part
-    is split off the training data (every 11th document, or the last 1/11 of a token file)."""
+    is split off the training data (every 11th document, or the last 1/11 of a token file). ``unsaved``: see
+    ``tokenize_documents`` (a run refused later leaves no token cache behind)."""
     d = cfg.data
     if d.source in ("bundled", "text", "hf"):
         if d.source == "bundled":
@@ -280,7 +294,8 @@ def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int):
                                      else split_documents(docs))
             if not held_docs:
                 held_docs = train_docs[-1:]
-        stream = lambda docs: StreamSequences(tokenize_documents(docs, tokenizer, cache_dir), d.seq_len, vocab_size)
+        stream = lambda docs: StreamSequences(tokenize_documents(docs, tokenizer, cache_dir, unsaved), d.seq_len,
+                                              vocab_size)
         return _with_global_batch(cfg, stream(train_docs), stream(held_docs))
     if d.source == "tokens":
         if d.path is None:

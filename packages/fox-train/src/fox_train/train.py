@@ -25,7 +25,7 @@ import fox_models
 from fox_models.registry import no_weight_decay
 from fox_train import checkpoint as ckpt
 from fox_train.config import SCHEDULES, TrainConfig, check, model_config
-from fox_train.data import Sampler, build_sources, make_batch, micro_batch_for
+from fox_train.data import Sampler, build_sources, make_batch, micro_batch_for, save_token_caches
 from fox_train.errors import first_line
 from fox_train.export import export_model, full_state_dict
 from fox_train.metrics import (
@@ -194,7 +194,9 @@ def _run(cfg: TrainConfig, record, log: RunLog) -> Path:
 
     config = model_config(cfg.model)
     tokenizer = fox_models.JSONGPT2Tokenizer()
-    train_src, held_src = build_sources(cfg, tokenizer, str(Path(cfg.out_dir) / ".token-cache"), config.vocab_size)
+    unsaved_caches: list = []  # written when the run is accepted: a refused run leaves out_dir as it was
+    train_src, held_src = build_sources(cfg, tokenizer, str(Path(cfg.out_dir) / ".token-cache"), config.vocab_size,
+                                        unsaved_caches)
     seq_len = cfg.data.seq_len
     micro = micro_batch_for(cfg.global_batch_tokens, seq_len, cfg.micro_batch_size, mesh.data)
     if micro != cfg.micro_batch_size:
@@ -248,6 +250,7 @@ def _run(cfg: TrainConfig, record, log: RunLog) -> Path:
             start = found
             log.print(f"resumed from step {start} ({ckpt_root})")
     if fabric.is_global_zero:
+        save_token_caches(unsaved_caches)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run_dir)
         if record is not None:
