@@ -158,3 +158,35 @@ def test_forgetting_attention_refuses_positive_log_gates_and_bad_scales():
     for scale in (float("inf"), float("nan"), 0.0, -1.0):
         with pytest.raises(ValueError, match="sm_scale must be None or a finite positive number"):
             forgetting_attention(q, q, q, lf, sm_scale=scale)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of this process alone, for the context-parallel call."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_context_parallel_call_checks_as_forgetting_attention_does(one_rank_group):
+    """A positive log gate (which the Triton kernels would turn into NaN or wrong rows on a device), options
+    that are no KernelOptions and tensors on another device: one line naming the argument, as
+    forgetting_attention's; a valid call equals the plain reference."""
+    from fox_kernel import KernelOptions, context_parallel_forgetting_attention
+    from fox_kernel.reference import forgetting_attention_ref
+
+    q, k, v, g = _ok()
+    torch.testing.assert_close(context_parallel_forgetting_attention(q, k, v, g),
+                               forgetting_attention_ref(*(x.double() for x in (q, k, v, g))).float(),
+                               rtol=1e-5, atol=1e-5)
+    bad = g.clone()
+    bad[1, 5, 2] = 0.5
+    with pytest.raises(ValueError, match=r"^log_fgate must be <= 0 .* got 0.5 at \(b, t, h\) = \(1, 5, 2\)$"):
+        context_parallel_forgetting_attention(q, k, v, bad)
+    with pytest.raises(TypeError, match=r"^options must be None or a fox_kernel.KernelOptions, got str$"):
+        context_parallel_forgetting_attention(q, k, v, g, options="fast")
+    with pytest.raises(ValueError, match=r"^k must be on cpu like q, got meta$"):
+        context_parallel_forgetting_attention(q, k.to("meta"), v, g)
+    context_parallel_forgetting_attention(q, k, v, g, options=KernelOptions())

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from fox_kernel.ops import checks
 from fox_kernel.ops.forgetting_attention import _bwd_op, _fwd_op, _options_key, pruning_args
-from fox_kernel.options import KernelOptions
+from fox_kernel.options import KernelOptions, current_options
 
 __all__ = [
     "ContextParallel",
@@ -235,6 +235,9 @@ def context_parallel_forgetting_attention(
         checks.require_tensor(name, x)
         checks.require_rank(name, x, 3 if name == "log_fgate" else 4, "(B, T, H)" if name == "log_fgate"
                             else "(B, T, H, D)")
+    if options is not None and not isinstance(options, KernelOptions):
+        raise TypeError(f"options must be None or a fox_kernel.KernelOptions, got {type(options).__name__}")
+    checks.require_same_device(q.device, k=k, v=v, log_fgate=log_fgate)
     world, _ = _world(group)
     B, T, H, D = q.shape
     if k.shape[:2] != (B, T) or v.shape != k.shape or k.shape[-1] != D:
@@ -250,6 +253,9 @@ def context_parallel_forgetting_attention(
     if H % k.shape[2]:
         raise ValueError(f"q's {H} heads must be a multiple of k/v's heads, got Hkv={k.shape[2]}")
     window = checks.check_window_size(window_size, T * world)
+    if not torch.compiler.is_compiling():  # each rank reads its own shard's gates, as forgetting_attention does
+        checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
+                                            (options if options is not None else current_options()).check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, sm_scale, None)
     key = _options_key(options)
