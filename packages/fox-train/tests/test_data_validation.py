@@ -145,6 +145,7 @@ def test_fox_train_refuses_bad_token_files_before_the_first_step(tmp_path):
     bad = _ids((1 << 20) + 4096, np.uint16)
     bad[(1 << 20) + 100] = 60_000  # past the first 2^20 tokens, which were all that was checked
     np.save(ids, bad)
-    with pytest.raises(SystemExit, match=r"token id 60000 at position 1048676 >= the model's vocab_size"):
+    with pytest.raises(SystemExit, match=rf"^fox-train: data.path '{ids}': token id 60000 at position 1048676 >= "
+                                         r"the model's vocab_size"):  # named as the setting, not "token file"
         main([*small, f"data.path={ids}"])
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()

@@ -303,11 +303,11 @@ def build_sources(cfg: TrainConfig, tokenizer, cache_dir: str, vocab_size: int, 
         tokens = load_token_file(d.path, d.token_dtype)
         if d.heldout_path:
             held = load_token_file(d.heldout_path, d.token_dtype, name="data.heldout_path")
-            return _with_global_batch(cfg, StreamSequences(tokens, d.seq_len, vocab_size),
+            return _with_global_batch(cfg, StreamSequences(tokens, d.seq_len, vocab_size, name="data.path"),
                                       StreamSequences(held, d.seq_len, vocab_size, name="data.heldout_path"))
         cut = len(tokens) * 10 // 11
-        return _with_global_batch(cfg, StreamSequences(tokens[:cut], d.seq_len, vocab_size),
-                                  StreamSequences(tokens[cut:], d.seq_len, vocab_size))
+        return _with_global_batch(cfg, StreamSequences(tokens[:cut], d.seq_len, vocab_size, name="data.path"),
+                                  StreamSequences(tokens[cut:], d.seq_len, vocab_size, name="data.path"))
     if d.source == "longcrawl64":
         if d.path is None:
             raise ValueError("data.source=longcrawl64 needs data.path (the train zarr) and data.heldout_path")
