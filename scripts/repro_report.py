@@ -359,7 +359,7 @@ def write_paper_report(results: Path, docs: Path) -> Path:
         summary[m]["curve_at"] = {str(p): window_mean(c, p, max(1, p // 10)) for p in (L // 4, L // 2, L, 2 * L, 4 * L) if p <= len(c)}
     (figs / "results.json").write_text(json.dumps(summary, indent=1))
     path = docs / PAPER_PAGE
-    path.write_text(render_paper(rs, labels))
+    path.write_text(render_paper(rs, labels, curves))
     return path
 
 
@@ -379,7 +379,7 @@ def _training_row(r: dict) -> dict:
             "cost": None if wall is None else wall / 3600 * GPU_HOUR_USD * int(devices)}
 
 
-def render_paper(rs: dict[str, dict], labels: dict[str, str]) -> str:
+def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, np.ndarray]) -> str:
     first = next(iter(rs.values()))
     ev0, env = first["evaluation"], first["environment"]
     L, T = ev0["train_len"], ev0["eval_len"]
@@ -448,7 +448,6 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str]) -> str:
                   f"F and attention of layer {i['layer']}, head {i['head']} (its slowest-forgetting head):", "",
                   "![F and attention](results/paper-125m/forget_and_attention.png)", ""]
     ev = {"eval_len": T, "models": {m: r["evaluation"] for m, r in rs.items()}}
-    curves = {m: np.asarray(r["curve"]) for m, r in rs.items()}
     base = targets(ev, labels) or ["## The paper's orderings in this run", "", "| target | measured | met |", "|---|---|---|", ""]
     lines += base[:-1] + paper_targets(ev, labels, L, curves) + [""]
     lines += limits_of_the_run(rs, labels, L)
