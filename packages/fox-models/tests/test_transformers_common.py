@@ -1,9 +1,10 @@
 """transformers' common model and generation tests, in their ideas, on the project's tiny models.
 
 transformers' ``ModelTesterMixin`` and ``GenerationTesterMixin`` live in its repository's ``tests/`` folder,
-which the installed package does not ship (only ``transformers.testing_utils``); so the checks an in-library
-causal LM gets from them are written here, one test per idea, named after the mixins' tests, and run on a
-tiny FoX (Pro and LLaMA), both Transformers and the recurrent baselines. Skipped, each with its reason: what
+which the installed package does not ship; ``test_transformers_mixins.py`` runs them, when fetched, on FoX
+(Pro) and the Transformer (LLaMA). The checks an in-library causal LM gets from them are also written here,
+one test per idea, named after the mixins' tests, and run with no download on a tiny FoX (Pro and LLaMA),
+both Transformers and the recurrent baselines. Skipped, each with its reason: what
 needs a GPU or the Hub, and what an architecture cannot have (attention weights of a recurrence, keys and
 values in a fixed-size recurrent state).
 """
