@@ -1461,43 +1461,17 @@ def _():
         res["class"] == "one-line error" else res
 
 
-@case("train", "SIGTERM mid-run: a checkpoint, one line, exit 143 within 60 s", names=("SIGTERM", "signal"),
-      expect="value", timeout=300, quick=False)
-def _():
-    root = fresh("sigterm")
+def _interrupt_mid_run(folder: str, sig: signal.Signals, after_losses: int, exit_code: int) -> dict:
+    """fox-train on the tiny model, sent ``sig`` once ``after_losses`` steps are logged: correct when it exits
+    with ``exit_code`` within 60 s of the signal, with a checkpoint and one last ``fox-train:`` line and no
+    traceback."""
+    root = fresh(folder)
     metrics = root / "out" / "r" / "metrics.jsonl"
     sent = {}
 
     def poll(pid, elapsed):
-        if "at" not in sent and metrics.exists() and metrics.read_text().count('"loss"') >= 3:
-            os.kill(pid, signal.SIGTERM)
-            sent["at"] = elapsed
-
-    args = [f"out_dir={root / 'out'}", "run_name=r", *TINY, *tokens_args(), "schedule.total_tokens=10240",
-            "checkpoint_every=100"]
-    run = run_cli("fox-train", args, timeout=240, poll=poll)
-    if "at" not in sent:
-        return classify_run(run, (), "value") if run.rc else result("silent-wrong", "finished before the signal")
-    if run.timed_out or run.signal is not None:
-        return classify_run(run, (), "value")
-    waited = run.seconds - sent["at"]
-    lines = message_lines(run.err)
-    ckpts = sorted(p.name for p in (root / "out" / "r" / "checkpoints").glob("step-*"))
-    ok = run.rc == 143 and waited < 60 and ckpts and lines and lines[-1].startswith("fox-train:")
-    return result("correct" if ok else "silent-wrong", f"exit {run.rc} {waited:.1f} s after SIGTERM, {ckpts}, "
-                                                       f"last line {lines[-1] if lines else ''!r}")
-
-
-@case("train", "Ctrl-C (SIGINT) mid-run: a checkpoint, one line, exit 130 within 60 s", names=("SIGINT",),
-      expect="value", timeout=300, quick=False)
-def _():
-    root = fresh("sigint")
-    metrics = root / "out" / "r" / "metrics.jsonl"
-    sent = {}
-
-    def poll(pid, elapsed):
-        if "at" not in sent and metrics.exists() and metrics.read_text().count('"loss"') >= 2:
-            os.kill(pid, signal.SIGINT)
+        if "at" not in sent and metrics.exists() and metrics.read_text().count('"loss"') >= after_losses:
+            os.kill(pid, sig)
             sent["at"] = elapsed
 
     args = [f"out_dir={root / 'out'}", "run_name=r", *TINY, *tokens_args(), "schedule.total_tokens=10240",
@@ -1508,10 +1482,22 @@ def _():
     waited = run.seconds - sent["at"]
     lines = message_lines(run.err)
     ckpts = sorted(p.name for p in (root / "out" / "r" / "checkpoints").glob("step-*"))
-    ok = run.rc == 130 and waited < 60 and ckpts and lines and lines[-1].startswith("fox-train:") and \
+    ok = run.rc == exit_code and waited < 60 and ckpts and lines and lines[-1].startswith("fox-train:") and \
         "Traceback" not in run.err
-    return result("correct" if ok else "silent-wrong", f"exit {run.rc} {waited:.1f} s after SIGINT, {ckpts}, "
+    return result("correct" if ok else "silent-wrong", f"exit {run.rc} {waited:.1f} s after {sig.name}, {ckpts}, "
                                                        f"last line {lines[-1] if lines else ''!r}")
+
+
+@case("train", "SIGTERM mid-run: a checkpoint, one line, exit 143 within 60 s", names=("SIGTERM", "signal"),
+      expect="value", timeout=300, quick=False)
+def _():
+    return _interrupt_mid_run("sigterm", signal.SIGTERM, 3, 143)
+
+
+@case("train", "Ctrl-C (SIGINT) mid-run: a checkpoint, one line, exit 130 within 60 s", names=("SIGINT",),
+      expect="value", timeout=300, quick=False)
+def _():
+    return _interrupt_mid_run("sigint", signal.SIGINT, 2, 130)
 
 
 @case("train", "SIGTERM, then resume=true: every step's loss equals an uninterrupted run", expect="value",
