@@ -235,8 +235,7 @@ def context_parallel_forgetting_attention(
         checks.require_tensor(name, x)
         checks.require_rank(name, x, 3 if name == "log_fgate" else 4, "(B, T, H)" if name == "log_fgate"
                             else "(B, T, H, D)")
-    if options is not None and not isinstance(options, KernelOptions):
-        raise TypeError(f"options must be None or a fox_kernel.KernelOptions, got {type(options).__name__}")
+    checks.require_options(options)
     checks.require_same_device(q.device, k=k, v=v, log_fgate=log_fgate)
     world, _ = _world(group)
     B, T, H, D = q.shape

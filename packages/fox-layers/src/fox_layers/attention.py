@@ -13,28 +13,13 @@ from torch.utils.checkpoint import checkpoint
 from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache, pruning
 from fox_kernel.context_parallel import ContextParallel
 from fox_kernel.ops import checks
+from fox_layers.checks import require_int, require_positive
 from fox_layers.kernels import owned
 from fox_layers.norms import GroupRMSNorm
 from fox_layers.rope import apply_rope
 from fox_layers.shift import ShiftLinear
 
 FGATE_TYPES = ("full", "bias_only", "fixed", "none")
-
-
-def _require_int(name: str, value, optional: bool = False) -> None:
-    """A size or count: an int >= 1 (None too with ``optional``)."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1{' or None' if optional else ''}, got {value!r}")
-
-
-def _require_positive(name: str, value, optional: bool = False) -> None:
-    """A time, base or epsilon: a finite number > 0 (None too with ``optional``)."""
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0{' or None' if optional else ''}, got {value!r}")
 
 
 def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
@@ -259,15 +244,15 @@ class ForgettingAttentionLayer(nn.Module):
         window_size: int | None = None,
     ):
         super().__init__()
-        _require_int("hidden_size", hidden_size)
-        _require_int("num_heads", num_heads)
-        _require_int("num_kv_heads", num_kv_heads, optional=True)
+        require_int("hidden_size", hidden_size)
+        require_int("num_heads", num_heads)
+        require_int("num_kv_heads", num_kv_heads, optional=True)
         for name, value in (("decay_time_min", decay_time_min), ("decay_time_max", decay_time_max)):
-            _require_positive(name, value, optional=True)
+            require_positive(name, value, optional=True)
         if decay_time_min is not None and decay_time_max is not None and decay_time_min > decay_time_max:
             raise ValueError(f"decay_time_min must be <= decay_time_max {decay_time_max}, got {decay_time_min}")
-        _require_positive("rope_base", rope_base)
-        _require_positive("norm_eps", norm_eps)
+        require_positive("rope_base", rope_base)
+        require_positive("norm_eps", norm_eps)
         num_kv_heads = num_kv_heads or num_heads
         if hidden_size % num_heads != 0:
             raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")

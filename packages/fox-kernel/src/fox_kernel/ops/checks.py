@@ -13,6 +13,8 @@ from typing import NoReturn
 
 import torch
 
+from fox_kernel.options import KernelOptions
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DECODE_DTYPES = (*FLOAT_DTYPES, torch.float64)
 """The dtypes of queries and K/V caches of the decoding calls (float64 runs the PyTorch path on every device)."""
@@ -26,6 +28,12 @@ def require_tensor(name: str, x) -> None:
 def require_rank(name: str, x: torch.Tensor, rank: int, layout: str) -> None:
     if x.dim() != rank:
         raise ValueError(f"{name} must have {rank} dimensions {layout}, got shape {tuple(x.shape)}")
+
+
+def require_options(options) -> None:
+    """``options`` is None or a ``fox_kernel.KernelOptions``."""
+    if options is not None and not isinstance(options, KernelOptions):
+        raise TypeError(f"options must be None or a fox_kernel.KernelOptions, got {type(options).__name__}")
 
 
 def require_same_device(device: torch.device, **tensors) -> None:

@@ -186,8 +186,7 @@ def forgetting_attention(
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("log_fgate", log_fgate)):
         checks.require_tensor(name, x)
-    if options is not None and not isinstance(options, KernelOptions):
-        raise TypeError(f"options must be None or a fox_kernel.KernelOptions, got {type(options).__name__}")
+    checks.require_options(options)
     layout = "(B, H, T, D)" if head_first else "(B, T, H, D)"
     for name, x in (("q", q), ("k", k), ("v", v)):
         checks.require_rank(name, x, 4, layout)
