@@ -10,9 +10,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from fox_kernel import append_to_cache, forgetting_attention, forgetting_attention_with_kvcache, pruning
+from fox_kernel import (
+    append_to_cache,
+    forgetting_attention,
+    forgetting_attention_with_kvcache,
+    pruning,
+    require_window_size,
+)
 from fox_kernel.context_parallel import ContextParallel
-from fox_kernel.ops import checks
 from fox_layers.checks import require_int, require_positive
 from fox_layers.kernels import owned
 from fox_layers.norms import GroupRMSNorm
@@ -260,7 +265,7 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
         if fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
-        checks.require_window_size(window_size)
+        require_window_size(window_size)
         if log_pruning_tolerance is not None:
             pruning.check_log_tolerance(log_pruning_tolerance)
         if ogate_act not in ("sigmoid", "silu"):
