@@ -1,7 +1,8 @@
 """Adaptive computation pruning side by side with the official pruning kernel, with a per-kernel profile.
 
 For fast, medium and slow gates (B=1, T=16k, H*D=2048, bf16) times the forward, forward+backward and (their
-difference) the backward of: ours exact, ours pruned with the "auto" bound, ours pruned with one per-head
+difference) the backward, each as an eager call (host time included: at these sizes a pruned call can wait
+on its host) and replayed from a CUDA graph (GPU time alone), of: ours exact, ours pruned with the "auto" bound, ours pruned with one per-head
 bound, the same with the Gluon kernels off, and, given ``--official PATH`` (a local copy of the pruning
 paper's ``forgetting_attention.py``; it needs einops), the official kernel exact and pruned with that same
 per-head bound. ``--profile`` adds each contender's CUDA kernels (time per call) on the fastest gates.
@@ -78,6 +79,31 @@ def _time(fn, args, mode):
     return triton.testing.do_bench(step, warmup=30, rep=150, return_mode="median")
 
 
+def _time_graph(fn, args, mode):
+    """``_time`` of the same call captured once in a CUDA graph and replayed: the GPU time alone, without the
+    host's Python and launch cost (what a ``torch.compile(mode="reduce-overhead")`` step pays)."""
+    leaves = [x.detach().requires_grad_(mode != "fwd") for x in args[:4]]
+    do = torch.randn_like(args[0])
+
+    def call():
+        if mode == "fwd":
+            with torch.no_grad():
+                fn(*leaves, args[4])
+        else:
+            torch.autograd.grad(fn(*leaves, args[4]), leaves, do)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and allocate outside the capture
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return triton.testing.do_bench(graph.replay, warmup=30, rep=150, return_mode="median")
+
+
 def _profile(fn, args):
     """(kernel name, microseconds per call, calls per step) of one forward+backward, summed over 10 steps."""
     from torch.profiler import ProfilerActivity, profile
@@ -105,30 +131,42 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--official", help="path of the official pruning kernel's forgetting_attention.py")
     ap.add_argument("--profile", action="store_true", help="per-kernel CUDA time of each contender (fast gates)")
+    ap.add_argument("--gates", nargs="+", choices=[g.split()[0] for g in GATES], default=[g.split()[0] for g in GATES],
+                    help="which gate speeds to run (default all)")
     ap.add_argument("--out", default="bench_pruning.json")
     args = ap.parse_args()
     fns = contenders(args.official)
     rows, profiles = [], {}
     for B, T, H, D in SHAPES:
         for label, shift in GATES.items():
+            if label.split()[0] not in args.gates:
+                continue
             inputs = _inputs(B, T, H, D, shift)
             row = dict(B=B, T=T, H=H, D=D, gates=label, mean_log_f=inputs[3].mean().item())
             for name, fn in fns.items():
-                try:
-                    ms = {mode: _time(fn, inputs, mode) for mode in ("fwd", "fwd+bwd")}
-                except Exception as e:  # a contender that cannot run a case is reported, not fatal
-                    print(f"{name} failed at {label}: {type(e).__name__}: {str(e)[:200]}")
-                    ms = {"fwd": float("nan"), "fwd+bwd": float("nan")}
+                ms = {}
+                for timer, suffix in ((_time, ""), (_time_graph, " graph")):
+                    for mode in ("fwd", "fwd+bwd"):
+                        try:
+                            ms[mode + suffix] = timer(fn, inputs, mode)
+                        except Exception as e:  # a contender that cannot run a case is reported, not fatal
+                            print(f"{name} failed at {label} ({mode}{suffix}): {type(e).__name__}: {str(e)[:200]}")
+                            ms[mode + suffix] = float("nan")
                 row[name] = dict(fwd_ms=ms["fwd"], fwdbwd_ms=ms["fwd+bwd"], bwd_ms=ms["fwd+bwd"] - ms["fwd"],
                                  fwd_tflops_eff=_flops(B, H, T, D, "fwd") / ms["fwd"] / 1e9,
-                                 fwdbwd_tflops_eff=_flops(B, H, T, D, "fwd+bwd") / ms["fwd+bwd"] / 1e9)
+                                 fwdbwd_tflops_eff=_flops(B, H, T, D, "fwd+bwd") / ms["fwd+bwd"] / 1e9,
+                                 fwd_graph_ms=ms["fwd graph"], fwdbwd_graph_ms=ms["fwd+bwd graph"],
+                                 bwd_graph_ms=ms["fwd+bwd graph"] - ms["fwd graph"])
             rows.append(row)
-            print(f"\nB={B} T={T} H={H} D={D} gates {label} (mean log f {row['mean_log_f']:.4f})")
-            print(f"{'contender':24s} {'fwd ms':>8} {'f+b ms':>8} {'bwd ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9}")
+            print(f"\nB={B} T={T} H={H} D={D} gates {label} (mean log f {row['mean_log_f']:.4f}); "
+                  "eager calls, then the same replayed from a CUDA graph (GPU time alone)")
+            print(f"{'contender':24s} {'fwd ms':>8} {'f+b ms':>8} {'bwd ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} "
+                  f"{'graph fwd':>9} {'graph f+b':>9} {'graph bwd':>9}")
             for name in fns:
                 r = row[name]
                 print(f"{name:24s} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['bwd_ms']:8.3f} "
-                      f"{r['fwd_tflops_eff']:9.0f} {r['fwdbwd_tflops_eff']:9.0f}")
+                      f"{r['fwd_tflops_eff']:9.0f} {r['fwdbwd_tflops_eff']:9.0f} "
+                      f"{r['fwd_graph_ms']:9.3f} {r['fwdbwd_graph_ms']:9.3f} {r['bwd_graph_ms']:9.3f}")
             if args.profile and shift == min(GATES.values()):
                 for name, fn in fns.items():
                     try:

@@ -47,6 +47,8 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--out", default="host_overhead.json")
+    ap.add_argument("--official", help="path of the official pruning kernel's forgetting_attention.py (needs einops): "
+                    "adds its fwd+bwd through autograd, exact and with a per-head bound")
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions (own time) of the autograd calls with and without pruning")
     args = ap.parse_args(argv)
@@ -77,6 +79,16 @@ def main(argv=None):
             o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
         o.backward(o)
 
+    def fox_autograd_per_head():
+        o = forgetting_attention(qg, kg, vg, lfg, adaptive_threshold=per_head)
+        o.backward(o)
+
+    from fox_kernel.ops import dispatch
+    from fox_kernel.ops.triton import sums
+    from fox_kernel.options import current_options
+
+    opts = current_options()
+    per_head = bound.amin(dim=0)
     cases = {
         "forward op": lambda: fwd(q, k, v, lf, None, None, s, None, None),
         "forward op, auto pruning": lambda: fwd(q, k, v, lf, None, None, s, None, DEFAULT_LOG_TOLERANCE),
@@ -84,15 +96,34 @@ def main(argv=None):
         "backward op, pruning": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, bound),
         "forgetting_attention fwd+bwd (autograd)": fox_autograd,
         "forgetting_attention fwd+bwd, auto pruning (autograd)": fox_autograd_pruned,
+        "forgetting_attention fwd+bwd, per-head bound (autograd)": fox_autograd_per_head,
+        "dispatch.forward (no op, no checks)": lambda: dispatch.forward(q, k, v, lf, None, None, s, None, None, 0, opts),
+        "dispatch.backward, pruning (no op)": lambda: dispatch.backward(do, q, k, v, lf, out, lse, None, None, s, bound,
+                                                                        0, opts),
+        "one Triton launch (prefix sums)": lambda: sums.prefix_sums(lf, None, zeros=True),
         "SDPA cuDNN fwd+bwd (autograd)": sdpa_autograd,
     }
+    if args.official:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("official_pruning_kernel", args.official)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        qh, kh, vh, lfh = (x.detach().clone().requires_grad_() for x in (q, k, v, lf))
+
+        def official(threshold):
+            o = module.forgetting_attention(qh, kh, vh, lfh, adaptive_threshold=threshold)
+            o.backward(o)
+
+        cases["official fwd+bwd (autograd)"] = lambda: official(None)
+        cases["official fwd+bwd, per-head bound (autograd)"] = lambda: official(per_head)
     rows = [dict(case=name, host_us=host_us(fn, args.calls)) for name, fn in cases.items()]
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                python=platform.python_version(), cpu=platform.processor() or platform.machine())
     print(" | ".join(f"{k}={v}" for k, v in env.items()) + f" | T={T} H={H} D={D} bf16")
-    print(f"{'case':42s} {'host us/call':>12s}")
+    print(f"{'case':56s} {'host us/call':>12s}")
     for r in rows:
-        print(f"{r['case']:42s} {r['host_us']:12.1f}")
+        print(f"{r['case']:56s} {r['host_us']:12.1f}")
     profiles = {}
     if args.profile:
         for name in ("forgetting_attention fwd+bwd (autograd)", "forgetting_attention fwd+bwd, auto pruning (autograd)"):

@@ -30,6 +30,7 @@ import torch
 
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
+from fox_kernel.ops.triton.launch import sm_major
 from fox_kernel.options import INTERPRET, KernelOptions
 from fox_kernel.pruning import bound, pruning_threshold
 
@@ -54,7 +55,7 @@ def lse_dtype(q: torch.Tensor) -> torch.dtype:
 
 
 def _gluon_applies(q, seq_start, cu_seqlens, window, options: KernelOptions) -> bool:
-    if not options.gluon or INTERPRET or not q.is_cuda or torch.cuda.get_device_capability(q.device)[0] != 9:
+    if not options.gluon or INTERPRET or not q.is_cuda or sm_major(q.device) != 9:
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
         return False
@@ -110,20 +111,30 @@ def backward_plan(q, seq_start, cu_seqlens, window, options: KernelOptions) -> t
 def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
     """(out, lse, threshold): ``threshold`` as given, or with ``auto_log_eps`` the (rows, H) "auto" bound the
     backward uses. Tensors in the kernel layout (see ``chunked.py``)."""
+    return forward_keeping_sums(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window,
+                                options)[:3]
+
+
+def forward_keeping_sums(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window,
+                         options):
+    """``forward``'s (out, lse, threshold) and the GPU kernels' prefix sums ``(c, z)`` (None on the PyTorch
+    path), which ``backward`` takes instead of summing the gates again (one launch fewer; 12 bytes per row,
+    head and position kept)."""
     if q.numel() == 0:  # no query row: nothing to launch (a grid of 0 programs is no valid launch)
         B, Tq, H, _ = q.shape
         if auto_log_eps is not None:
             rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
             threshold = torch.full((rows, H), bound(0.0, k.shape[1], auto_log_eps), dtype=torch.float32,
                                    device=q.device)
-        return q.new_zeros(q.shape), torch.full((B, H, Tq), float("inf"), dtype=lse_dtype(q), device=q.device), threshold
+        return (q.new_zeros(q.shape), torch.full((B, H, Tq), float("inf"), dtype=lse_dtype(q), device=q.device),
+                threshold, None)
     backend = forward_backend(q, k, seq_start, cu_seqlens, threshold is not None or auto_log_eps is not None, window,
                               options)
     if backend is Backend.TORCH:
         if auto_log_eps is not None:
             threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
         out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window)
-        return out.contiguous(), lse, threshold
+        return out.contiguous(), lse, threshold, None
     from fox_kernel.ops.triton import fwd, sums
 
     c, z = sums.prefix_sums(log_fgate, seq_start, zeros=True)
@@ -136,11 +147,12 @@ def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto
         out, lse, threshold = fwd.forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps,
                                           window, fixed, options)
     fwd.forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, out, lse)
-    return out, lse, threshold
+    return out, lse, threshold, (c, z)
 
 
-def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window, options):
-    """(dq, dk, dv, dlog_fgate)."""
+def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window, options, prefix=None):
+    """(dq, dk, dv, dlog_fgate). ``prefix``: the forward's prefix sums ``(c, z)`` (``forward_keeping_sums``),
+    else the gates are summed again."""
     if q.numel() == 0:  # no query row: no gradient flows to anything
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), log_fgate.new_zeros(log_fgate.shape)
     backend, one_pass = backward_plan(q, seq_start, cu_seqlens, window, options)
@@ -150,7 +162,7 @@ def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, 
 
     if do.stride(-1) != 1:
         do = do.contiguous()
-    c, z = sums.prefix_sums(log_fgate, seq_start, zeros=True)
+    c, z = prefix if prefix is not None else sums.prefix_sums(log_fgate, seq_start, zeros=True)
     delta = sums.delta(out, do)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host

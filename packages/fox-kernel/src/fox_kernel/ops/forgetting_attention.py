@@ -3,7 +3,8 @@
 ``dispatch`` chooses what runs: the Triton or Gluon kernels on CUDA, the chunked PyTorch twin on the CPU
 (or the Triton kernels through the interpreter when ``TRITON_INTERPRET=1``). Both directions are custom
 ops with fake implementations, so ``torch.compile(fullgraph=True)`` traces through them; the kernel
-options travel through them as one string (``KernelOptions.key``).
+options travel through them as one string (``KernelOptions.key``). Eager calls take a plain
+``torch.autograd.Function`` around the same two dispatch functions, which costs less host time per call.
 """
 
 from __future__ import annotations
@@ -94,6 +95,30 @@ def _backward(ctx, dout, _dlse, _dbound):
 
 
 torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
+
+
+class _EagerForgettingAttention(torch.autograd.Function):
+    """The same forward and backward as the custom ops, for eager calls: a torch.library op costs host time
+    at each call (schema parsing, defaults, the aliasing check, the autograd redispatch) that a training
+    step pays per layer, and the options go down as an object rather than a string. The backward reuses the
+    forward's prefix sums of the gates. Under
+    ``torch.compile`` the custom ops run instead (a graph can hold them, not this)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
+        out, lse, threshold, prefix = dispatch.forward_keeping_sums(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale,
+                                                                    threshold, auto_log_eps, window, options)
+        c, z = prefix if prefix is not None else (None, None)
+        ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold, c, z)
+        ctx.sm_scale, ctx.window, ctx.options = sm_scale, window, options
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold, c, z = ctx.saved_tensors
+        grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold,
+                                  ctx.window, ctx.options, None if c is None else (c, z))
+        return *(g.contiguous() for g in grads), None, None, None, None, None, None, None
 
 
 def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
@@ -232,7 +257,10 @@ def forgetting_attention(
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
-    key = _options_key(options)
-    out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps, window,
-                        key)
+    if not value_checks:  # compiling: the custom ops, which a graph can hold
+        out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps,
+                            window, _options_key(options))
+    else:
+        out = _EagerForgettingAttention.apply(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold,
+                                              auto_log_eps, window, options if options is not None else current_options())
     return out.transpose(1, 2) if head_first else out

@@ -26,7 +26,7 @@ from fox_kernel.ops.gluon.tiles import (
     launch_grid,
 )
 from fox_kernel.ops.triton.norms import key_sq_norms
-from fox_kernel.ops.triton.ranges import kept_ranges
+from fox_kernel.ops.triton.ranges import kept_ranges, kept_ranges_pair
 from fox_kernel.ops.triton.sums import local_sums
 from fox_kernel.pruning import auto_threshold
 
@@ -75,15 +75,15 @@ def backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass):
     dc_row = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
     blocks = gluon_blocks(D)
+    dq_blocks = None if one_pass else gluon_blocks(D, "dq")
     clq = local_sums(c, None, B, Tk, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
-    ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, blocks, False)
+    # both passes' pruned ranges from one launch
+    ranges, dq_ranges = kept_ranges_pair(c, None, None, threshold, B, H, Tq, Tk, Tk, blocks, dq_blocks)
     _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges, dq if one_pass else None,
           dc_row if one_pass else None)
     if not one_pass:
-        blocks = gluon_blocks(D, "dq")
-        ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, blocks, True)
-        cl = local_sums(c, None, B, Tk, blocks["BLOCK_N"])
-        _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges)
+        cl = local_sums(c, None, B, Tk, dq_blocks["BLOCK_N"])
+        _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, dq_ranges)
     return dq, dk, dv, dc, dc_row
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -26,6 +28,17 @@ TILES = {
 SAFE_TILES = dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
 
 
+@functools.cache
+def _sm_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def sm_major(device: torch.device) -> int:
+    """The compute capability's major number of a CUDA device, asked of the driver once per device (each
+    launch asks it several times)."""
+    return _sm_major(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
@@ -35,7 +48,7 @@ def config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device) -
     bd = block_d(head_dim)
     if INTERPRET or device.type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=bd, num_warps=4, num_stages=1)
-    major, _ = torch.cuda.get_device_capability(device)
+    major = sm_major(device)
     if major < 8 or dtype == torch.float32 or bd > 128:
         cfg = dict(SAFE_TILES)
         if bd <= 128 and major >= 8:
@@ -76,7 +89,7 @@ def use_tma(options: KernelOptions, *tensors) -> bool:
     x0 = tensors[0]
     if not options.tma or INTERPRET or x0.device.type != "cuda":
         return False
-    if torch.cuda.get_device_capability(x0.device)[0] < 9 or x0.dtype == torch.float32:
+    if sm_major(x0.device) < 9 or x0.dtype == torch.float32:
         return False
     size = x0.element_size()
     return all(

@@ -131,49 +131,66 @@ def last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.con
 
 
 @triton.jit
-def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT, c_strides, H, Tq, Tk, WINDOW,
-                       KEYS_OF_QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_strides, H, Tq, Tk, WINDOW, N_KEYS, N_QUERIES,
+                       KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr, QUERY_N: tl.constexpr,
                        IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr,
                        HAS_WINDOW: tl.constexpr):
-    """Pruned ranges for the backward passes, one int per (row, head, block), found once up front so
-    the dQ and dK/dV kernels only load them (searching inside them cost registers and time).
+    """Pruned ranges for the backward passes (and the Gluon forward), one int per (row, head, block), found
+    once up front so the kernels only load them (searching inside them cost registers and time).
 
-    KEYS_OF_QUERIES: first kept key of each query block (dQ); else end of the kept queries of each key
-    block (dK/dV)."""
+    Programs [0, N_KEYS) of the first axis: the end of the kept queries of each key block (dK/dV, tiles
+    KEY_M x KEY_N) into OUT_KEYS; programs [N_KEYS, N_KEYS + N_QUERIES): the first kept key of each query
+    block (dQ, tiles QUERY_M x QUERY_N) into OUT_QUERIES. One launch fills both tables."""
     stride_cb, stride_ch = c_strides
-    pid_bh = tl.program_id(0)
-    pid = tl.program_id(1)
+    pid = tl.program_id(0)
+    pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t_q, t_k, s0 = sequence_bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
     shift = t_k - t_q
     c_ptr = C + row * stride_cb + h * stride_ch + bos
     delta = tl.load(THRESH + b * H + h)
-    out_ptr = OUT + pid_bh.to(tl.int64) * tl.num_programs(1) + pid
-    if KEYS_OF_QUERIES:
-        if pid * BLOCK_M < t_q:
-            first = pid * BLOCK_M + shift
-            lo, mid, hi = key_range(first, s0, t_k, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
-            tl.store(out_ptr, first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, BLOCK_N, SCAN))
+    if pid < N_KEYS:
+        if pid * KEY_N < t_k:
+            m_lo, m_mid, m_hi = query_range(pid, shift, s0, t_q, WINDOW, KEY_M, KEY_N, HAS_WINDOW)
+            c_bottom = tl.load(c_ptr + tl.minimum(pid * KEY_N + KEY_N, t_k) - 1)
+            tl.store(OUT_KEYS + pid_bh.to(tl.int64) * N_KEYS + pid,
+                     last_kept_query_block(c_ptr, c_bottom, delta, shift, m_mid, m_hi, KEY_M, SCAN))
     else:
-        if pid * BLOCK_N < t_k:
-            m_lo, m_mid, m_hi = query_range(pid, shift, s0, t_q, WINDOW, BLOCK_M, BLOCK_N, HAS_WINDOW)
-            c_bottom = tl.load(c_ptr + tl.minimum(pid * BLOCK_N + BLOCK_N, t_k) - 1)
-            tl.store(out_ptr, last_kept_query_block(c_ptr, c_bottom, delta, shift, m_mid, m_hi, BLOCK_M, SCAN))
+        j = pid - N_KEYS
+        if j * QUERY_M < t_q:
+            first = j * QUERY_M + shift
+            lo, mid, hi = key_range(first, s0, t_k, WINDOW, QUERY_M, QUERY_N, HAS_WINDOW)
+            tl.store(OUT_QUERIES + pid_bh.to(tl.int64) * N_QUERIES + j,
+                     first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, QUERY_N, SCAN))
+
+
+def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, key_blocks, query_blocks, window=0):
+    """(end of the kept queries of each key block with tiles ``key_blocks``, first kept key of each query
+    block with tiles ``query_blocks``) as ``kept_ranges`` gives them, from one launch; a table whose tiles
+    are None is not built (None). Both None without a threshold."""
+    if threshold is None:
+        return None, None
+    n_keys = 0 if key_blocks is None else triton.cdiv(t_max, key_blocks["BLOCK_N"])
+    n_queries = 0 if query_blocks is None else triton.cdiv(t_max, query_blocks["BLOCK_M"])
+    keys = torch.empty(n_rows * H, n_keys, dtype=torch.int32, device=c.device) if n_keys else None
+    queries = torch.empty(n_rows * H, n_queries, dtype=torch.int32, device=c.device) if n_queries else None
+    kb, qb = key_blocks or query_blocks, query_blocks or key_blocks
+    if n_rows * H and n_keys + n_queries:
+        _kept_range_kernel[(n_keys + n_queries, n_rows * H)](
+            c, seq_start, cu_seqlens, threshold, keys if keys is not None else queries,
+            queries if queries is not None else keys, c.stride()[:2], H, Tq, Tk, window, n_keys, n_queries,
+            KEY_M=kb["BLOCK_M"], KEY_N=kb["BLOCK_N"], QUERY_M=qb["BLOCK_M"], QUERY_N=qb["BLOCK_N"],
+            IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=launch.scan(),
+            HAS_WINDOW=window > 0, num_warps=1,
+        )
+    return keys, queries
 
 
 def kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, blocks, keys_of_queries, window=0):
     """The pruned ranges of a backward pass (or the Gluon forward) with tiles ``blocks`` (BLOCK_M, BLOCK_N):
     (rows * H, blocks) int32, the first kept key of each query block (``keys_of_queries``) or the end of
     the kept queries of each key block; None without a threshold."""
-    if threshold is None:
-        return None
-    n_blocks = triton.cdiv(t_max, blocks["BLOCK_M"] if keys_of_queries else blocks["BLOCK_N"])
-    out = torch.empty(n_rows * H, n_blocks, dtype=torch.int32, device=c.device)
-    _kept_range_kernel[(n_rows * H, n_blocks)](
-        c, seq_start, cu_seqlens, threshold, out, c.stride()[:2], H, Tq, Tk, window,
-        KEYS_OF_QUERIES=keys_of_queries, BLOCK_M=blocks["BLOCK_M"], BLOCK_N=blocks["BLOCK_N"],
-        IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=launch.scan(),
-        HAS_WINDOW=window > 0, num_warps=1,
-    )
-    return out
+    keys, queries = kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max,
+                                      None if keys_of_queries else blocks, blocks if keys_of_queries else None, window)
+    return queries if keys_of_queries else keys
