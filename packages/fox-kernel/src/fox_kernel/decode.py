@@ -8,9 +8,9 @@ over it. The cache here is a set of plain tensors grown by ``append_to_cache``:
 Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. They may
 also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pages per row) of page
 indices, filled by ``append_to_paged_cache``. On CUDA
-(and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton/decode.py``); otherwise a
-PyTorch implementation, chunked over queries so a long chunked prefill never holds more than
-(B, H, chunk, T) scores.
+(and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton/decode.py``); otherwise the
+chunked PyTorch twin of the kernels (``ops/chunked.py``) on the cached prefix sums, so a long chunked
+prefill never holds more than (B, H, chunk, T) scores.
 
 Precision: the cached prefix sums ``c`` are float32 on every path. They are summed in float64 and
 rounded once when stored, so float64 q/k/v (which run the PyTorch path in float64) get the decay term
@@ -32,7 +32,6 @@ import torch
 from fox_kernel.ops import checks, dispatch
 from fox_kernel.options import current_options
 
-_CHUNK_ELEMENTS = 1 << 26
 # why a gate of exactly 0 is refused where the values are read (see checks.gates_checkable)
 _NO_ZERO_GATES = "a cache of plain prefix sums c cannot represent it (c_i - c_j would be -inf - -inf)"
 
@@ -428,34 +427,31 @@ def forgetting_attention_with_kvcache(
         table = None if paged is None else paged.contiguous()
         return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
                              thresh, window)
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    group = H // Hkv
-    kh = k_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)  # (B, H, T, D)
-    vh = v_cache.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
-    c = c_cache.permute(0, 2, 1).to(acc)  # (B, H, T)
-    qh = q.permute(0, 2, 1, 3).to(acc)
-    out = torch.empty(B, H, Tq, D, dtype=acc, device=q.device)
-    pos_k = torch.arange(T, device=q.device)
-    lens = torch.full((B,), T, device=q.device) if cache_seqlens is None else cache_seqlens.to(q.device).long()
-    # lengths past the cache (checked on the CPU only) are clamped to it and their rows returned as NaN
-    too_long = lens > T
-    lens = lens.clamp_max(T)
-    rows = max(1, min(Tq, _CHUNK_ELEMENTS // max(1, B * H * T)))
-    for start in range(0, Tq, rows):
-        end = min(Tq, start + rows)
-        pos_q = torch.arange(start, end, device=q.device)[None, :] + (lens[:, None] - Tq)  # (B, C)
-        s = torch.matmul(qh[:, :, start:end], kh.transpose(-1, -2)) * scale
-        c_q = torch.gather(c, 2, pos_q.clamp_min(0)[:, None, :].expand(B, H, -1))
-        s = s + c_q[..., None] - c[..., None, :]
-        allowed = pos_k[None, None, :] <= pos_q[:, :, None]
-        if window:
-            allowed = allowed & (pos_k[None, None, :] > pos_q[:, :, None] - window)
-        allowed = allowed[:, None]
-        if seq_start is not None:
-            allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
-        s = s.masked_fill(~allowed, float("-inf"))
-        # rows with no visible key (padding) give 0; a NaN elsewhere (NaN prefix sums) stays NaN
-        p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
-        out[:, :, start:end] = torch.matmul(p, vh)
-    out = out.masked_fill(too_long[:, None, None, None], float("nan"))
-    return out.permute(0, 2, 1, 3).to(q.dtype)
+    return _decode_on_cpu(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, scale, window)
+
+
+def _decode_on_cpu(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, scale, window):
+    """The PyTorch path: the chunked twin of the kernels (``ops/chunked.py``) on the cached prefix sums,
+    once for the whole batch when every row holds as many tokens, else row by row over each row's tokens.
+    Lengths past the cache (checked on the CPU only) are clamped to it and their rows returned as NaN;
+    query rows before cache position 0 return 0. The threshold is not applied: this path is exact."""
+    from fox_kernel.ops.chunked import forward_from_sums
+
+    B, Tq, H, _ = q.shape
+    T = k_cache.shape[1]
+    c = c_cache.permute(0, 2, 1).to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # (B, H, T)
+    lens = [T] * B if cache_seqlens is None else cache_seqlens.tolist()
+    if len(set(lens)) == 1 and lens[0] >= Tq:
+        L = min(lens[0], T)
+        out, _ = forward_from_sums(q, k_cache[:, :L], v_cache[:, :L], c[..., :L], None, seq_start, scale, None, window)
+    else:
+        out = q.new_zeros(q.shape)
+        for b, length in enumerate(lens):
+            L = min(length, T)
+            n = max(0, min(Tq, L))  # the query rows at cache positions >= 0
+            if n:
+                out[b:b + 1, Tq - n:], _ = forward_from_sums(
+                    q[b:b + 1, Tq - n:], k_cache[b:b + 1, :L], v_cache[b:b + 1, :L], c[b:b + 1, :, :L], None,
+                    None if seq_start is None else seq_start[b:b + 1], scale, None, window)
+    too_long = torch.tensor([length > T for length in lens], device=q.device)
+    return out.masked_fill(too_long[:, None, None, None], float("nan"))

@@ -52,11 +52,14 @@ def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshol
     """Masked logits for one query chunk at key positions ``pos_q`` over keys [kstart, kend): (B, H, C, K).
 
     ``c``, ``zeros`` (B, H, Tk): finite prefix sums and counts of zero gates (``finite_prefix_sums``), so a
-    gate of exactly 0 masks the keys before it exactly. With a pruning threshold, every score whose decay
+    gate of exactly 0 masks the keys before it exactly; ``zeros`` None where there is none. With a pruning threshold, every score whose decay
     bias ``c_i - c_j`` is below it is dropped (the kernels drop whole blocks only when the test holds for
     every pair in the block).
     """
-    bias = decay_bias(c[..., pos_q], zeros[..., pos_q], c[..., kstart:kend], zeros[..., kstart:kend])
+    if zeros is None:  # no gate of exactly 0 (a decoding cache)
+        bias = c[..., pos_q, None] - c[..., None, kstart:kend]
+    else:
+        bias = decay_bias(c[..., pos_q], zeros[..., pos_q], c[..., kstart:kend], zeros[..., kstart:kend])
     s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale + bias
     pos_k = torch.arange(kstart, kend, device=kh.device)
     allowed = pos_k[None, :] <= pos_q[:, None]
@@ -71,10 +74,18 @@ def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshol
 
 
 def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window):
+    c, zeros = _prefix_sums(log_fgate, seq_start, _acc_dtype(q))
+    return forward_from_sums(q, k, v, c, zeros, seq_start, sm_scale, threshold, window)
+
+
+def forward_from_sums(q, k, v, c, zeros, seq_start, sm_scale, threshold=None, window=0):
+    """``chunked_forward`` of one batch of fixed-length rows given the gates' prefix sums ``c`` (B, H, Tk), in
+    float32 (float64 for float64 q), and the counts of gates of exactly 0 ``zeros`` (B, H, Tk), or None
+    where there is none (a decoding cache: ``decode.forgetting_attention_with_kvcache`` runs its CPU path
+    here). Queries are end-aligned with the keys; rows that see no key return 0 and lse +inf."""
     B, Tq, H, D = q.shape
     Tk, group = k.shape[1], H // k.shape[2]
     acc = _acc_dtype(q)
-    c, zeros = _prefix_sums(log_fgate, seq_start, acc)
     qh = q.permute(0, 2, 1, 3).to(acc)
     kh = k.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
     vh = v.permute(0, 2, 1, 3).to(acc).repeat_interleave(group, dim=1)
