@@ -21,6 +21,12 @@ def require_divides(name: str, value: int, multiple_name: str, multiple: int) ->
         raise ValueError(f"{multiple_name} must be a multiple of {name} {value}, got {multiple}")
 
 
+def require_choice(name: str, value, choices: tuple) -> None:
+    """``value`` is one of ``choices`` (the values the code that reads the field acts on)."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 def require_ordered(low_name: str, low, high_name: str, high) -> None:
     """``low <= high`` where both are given (a range's bounds)."""
     if low is not None and high is not None and low > high:

@@ -7,11 +7,18 @@ from fox_kernel import check_log_tolerance, require_window_size
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxLayoutConfig,
+    require_choice,
     require_divides,
     require_int,
     require_ordered,
     require_positive,
 )
+
+# What ForgettingAttentionLayer acts on (fox_layers exports neither set; tests compare them with the layer's):
+# the forget gate's types (per token and head, a learned bias per head, a fixed bias per head, none) and the
+# output gate's activations (also those its fused norm-gate kernel computes).
+FGATE_TYPES = ("full", "bias_only", "fixed", "none")
+OGATE_ACTS = ("sigmoid", "silu")
 
 
 class _DecoderConfig(_FoxLayoutConfig):
@@ -77,9 +84,17 @@ class ForgettingTransformerConfig(_DecoderConfig):
         log_pruning_tolerance: float | None = None,
         **kwargs,
     ):
+        require_choice("fgate_type", fgate_type, FGATE_TYPES)
+        require_choice("ogate_act", ogate_act, OGATE_ACTS)
         require_positive("decay_time_min", decay_time_min, optional=True)
         require_positive("decay_time_max", decay_time_max, optional=True)
         require_ordered("decay_time_min", decay_time_min, "decay_time_max", decay_time_max)
+        # a gate bias drawn from decay times (bias_only, fixed, or full with fgate_bias_init) needs both ends
+        if (fgate_type in ("bias_only", "fixed") or (fgate_type == "full" and fgate_bias_init)) and \
+                (decay_time_min is None or decay_time_max is None):
+            init = f"fgate_type={fgate_type!r}" + (" with fgate_bias_init=True" if fgate_type == "full" else "")
+            raise ValueError(f"decay_time_min and decay_time_max must both be set for {init} (the gate bias's "
+                             f"decay-time init), got {decay_time_min!r} and {decay_time_max!r}")
         if log_pruning_tolerance is not None:
             check_log_tolerance(log_pruning_tolerance)
         self.use_rope = use_rope
