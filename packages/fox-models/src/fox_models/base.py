@@ -17,6 +17,7 @@ from transformers import initialization as init
 from transformers.generation.configuration_utils import CompileConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from fox_kernel import values_checkable
 from fox_layers import ForgettingAttentionLayer, GroupRMSNorm, RMSNorm, bare_linear, decay_time_bias
 from fox_models import hub
 from fox_models.cache import FoxCache, LayerCache
@@ -102,6 +103,35 @@ def check_attention_mask(attention_mask: torch.Tensor, batch: int, past: int, ne
                          f"{tuple(attention_mask.shape)}")
 
 
+TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # the index types nn.Embedding takes
+
+
+def check_input_ids(input_ids, vocab_size: int) -> None:
+    """A one-line error unless ``input_ids`` is a (B, T) tensor of token ids (int64 or int32) in
+    [0, vocab_size). The type, rank and dtype are always checked (tensor metadata); the values only where
+    reading them costs no wait for a device (CPU tensors, outside tracing: ``values_checkable``). On CUDA the
+    embedding's own bounds check reports a bad id."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype not in TOKEN_ID_DTYPES:
+        raise TypeError(f"input_ids must be token ids of dtype torch.int64 or torch.int32, got {input_ids.dtype}")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, tokens), got shape {tuple(input_ids.shape)}")
+    if input_ids.numel() and values_checkable(input_ids):
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"input_ids must lie in [0, vocab_size) = [0, {vocab_size}), got values in [{lo}, {hi}]")
+
+
+def check_inputs_embeds(inputs_embeds, hidden_size: int) -> None:
+    """A one-line ValueError unless ``inputs_embeds`` is a (B, T, hidden_size) tensor (metadata only)."""
+    if not isinstance(inputs_embeds, torch.Tensor):
+        raise TypeError(f"inputs_embeds must be a torch.Tensor, got {type(inputs_embeds).__name__}")
+    if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != hidden_size:
+        raise ValueError(f"inputs_embeds must have shape (batch, tokens, hidden_size={hidden_size}), got "
+                         f"{tuple(inputs_embeds.shape)}")
+
+
 class _FoxPreTrainedBase(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -133,7 +163,13 @@ class _FoxPreTrainedBase(PreTrainedModel):
         ``padding_layout`` gives: x is then permuted into it, and ``_finish`` puts the outputs back."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        if inputs_embeds is None:
+            # the embedding's size, which resize_token_embeddings keeps in step with config.vocab_size
+            check_input_ids(input_ids, getattr(self.embeddings, "num_embeddings", self.config.vocab_size))
+            x = self.embeddings(input_ids)
+        else:
+            check_inputs_embeds(inputs_embeds, self.config.hidden_size)
+            x = inputs_embeds
         output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
         if cache is not None and not isinstance(cache, LayerCache):
@@ -283,9 +319,16 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         return cache
 
     def _prepare_model_inputs(self, *args, **kwargs):
-        """transformers' choice of the prompt tensor, and a check that ``attention_mask`` covers it: generate()
-        drops a mask of ones before the model sees it, so a mask of the wrong length would pass unnoticed."""
+        """transformers' choice of the prompt tensor, and checks that it holds a token and that
+        ``attention_mask`` covers it: generate() drops a mask of ones before the model sees it, so a mask of
+        the wrong length would pass unnoticed. An empty prompt gives no logits to draw the first token from
+        (the forward of 0 tokens returns (B, 0, V)), so generate() refuses it in one line."""
         inputs, input_name, model_kwargs = super()._prepare_model_inputs(*args, **kwargs)
+        if isinstance(inputs, torch.Tensor) and input_name in ("input_ids", "inputs_embeds") and inputs.dim() >= 2 \
+                and inputs.shape[1] == 0:
+            raise ValueError(f"{input_name} must hold at least one token per row for generate(), got shape "
+                             f"{tuple(inputs.shape)} (start the prompt with the BOS token, bos_token_id="
+                             f"{self.generation_config.bos_token_id})")
         mask = model_kwargs.get("attention_mask")
         if mask is not None and inputs is not None and input_name in ("input_ids", "inputs_embeds"):
             check_attention_mask(mask, inputs.shape[0], 0, inputs.shape[1])
@@ -352,6 +395,8 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
                                  "than the tokens they hold)")
             if (cache.can_replay(input_ids) and labels is None and inputs_embeds is None and not output_hidden_states
                     and cu_seqlens is None and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+                # the replayed graph copies the ids into its int64 buffer: a float tensor would be cast silently
+                check_input_ids(input_ids, getattr(self.get_input_embeddings(), "num_embeddings", self.config.vocab_size))
                 step = self._decode_step if cache.compile_config is None else self._compiled_decode_step(cache.compile_config)
                 logits = cache.decode(functools.partial(step, cache=cache), input_ids)
                 output = CausalLMOutputWithPast(logits=logits, **cache_field(cache))

@@ -134,6 +134,8 @@ def short_conv(x, weight, state=None, activation: bool = True, bias=None):
     (B, W-1, C), the last W-1 inputs before x (zeros at the start). Returns (y, new state)."""
     W = weight.shape[-1]
     B, T, C = x.shape
+    if T == 0:  # no new input: an empty output, and the window as it was
+        return x.new_zeros(B, 0, C), (x.new_zeros(B, W - 1, C) if state is None else state.to(x.dtype))
     if state is None and T >= W - 1 and _use_fla(x) and _fla_conv() is not None:
         # flash-linear-attention's fused Triton convolution (+ SiLU): cuDNN's depthwise conv1d and its
         # backward cost DeltaNet's training step about as much as the delta rule itself

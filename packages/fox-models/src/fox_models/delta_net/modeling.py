@@ -54,8 +54,10 @@ class DeltaNetAttention(nn.Module):
             v = v * real
         acc = torch.promote_types(x.dtype, torch.float32)
         beta = torch.sigmoid(self.b_proj(x).to(acc)) if self.use_beta else x.new_ones(B, T, H, dtype=acc)
-        o, S = delta_rule(q.view(B, T, H, -1), k.view(B, T, H, -1), v.view(B, T, H, -1), beta, self.head_k_dim ** -0.5,
-                          get("S"), l2_normalize_qk=True)
+        # sizes spelled out (no -1): a chunk of 0 tokens has 0 elements, from which -1 cannot be inferred
+        keys, values = (B, T, H, self.head_k_dim), (B, T, H, self.head_v_dim)
+        o, S = delta_rule(q.view(keys), k.view(keys), v.view(values), beta, self.head_k_dim ** -0.5, get("S"),
+                          l2_normalize_qk=True)
         if state is not None:
             state.tensors.update(S=S, conv_q=cq, conv_k=ck, conv_v=cv)
         return self.o_proj(self._head_norm(o))

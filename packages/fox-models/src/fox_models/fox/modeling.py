@@ -3,25 +3,13 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from fox_kernel import values_checkable
 from fox_layers import ForgettingAttentionLayer, RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxForCausalLMBase, _FoxPreTrainedBase
 from fox_models.cache import FoxCache
 from fox_models.compat import GenerationMixin, GradientCheckpointingLayer, pick_cache
 from fox_models.fox.configuration import ForgettingTransformerConfig
-
-
-def _check_input_ids(input_ids, vocab_size: int) -> None:
-    """Token ids in [0, vocab_size), checked where reading them costs no wait for a device (CPU tensors,
-    outside tracing); on CUDA the embedding's own bounds check reports a bad id."""
-    if (isinstance(input_ids, torch.Tensor) and input_ids.numel() and not input_ids.dtype.is_floating_point
-            and values_checkable(input_ids)):
-        lo, hi = int(input_ids.min()), int(input_ids.max())
-        if lo < 0 or hi >= vocab_size:
-            raise ValueError(f"input_ids must lie in [0, vocab_size) = [0, {vocab_size}), got values in [{lo}, {hi}]")
 
 
 class FoxBlock(GradientCheckpointingLayer):
@@ -77,7 +65,6 @@ class _FoxBackbone(_FoxPreTrainedBase):
         """``output_attentions=True``: every layer's attention weights (B, H, T, T_keys), computed explicitly
         (float32 softmax of s q.k + c_i - c_j with the causal and padding masks; slow, O(T^2) memory).
         ``past_key_values`` is the older name of ``cache``."""
-        _check_input_ids(input_ids, self.embeddings.num_embeddings)
         x, cache, _, seq_start, use_cache, output_hidden_states, order = self._start(
             input_ids, inputs_embeds, attention_mask, pick_cache(cache, past_key_values), use_cache,
             output_hidden_states)

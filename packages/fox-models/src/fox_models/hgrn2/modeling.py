@@ -51,12 +51,13 @@ class HGRN2Attention(nn.Module):
         if real is not None:  # left padding: no input, no decay
             i = i * real
             log_g = log_g * real
-        shape = (B, T, H, -1)
-        o, S = gated_linear_attention(q.view(shape), k.to(i.dtype).view(shape), i.view(shape), log_g.view(shape),
+        # sizes spelled out (no -1): a chunk of 0 tokens has 0 elements, from which -1 cannot be inferred
+        keys, values = (B, T, H, self.head_f_dim), (B, T, H, self.head_i_dim)
+        o, S = gated_linear_attention(q.view(keys), k.to(i.dtype).view(keys), i.view(values), log_g.view(keys),
                                       self.head_f_dim ** -0.5, None if state is None else state.get("S"))
         if state is not None:
             state.tensors["S"] = S
-        return self.o_proj(self.g_norm(o.reshape(B, T, -1)))
+        return self.o_proj(self.g_norm(o.reshape(B, T, H * self.head_i_dim)))
 
 
 class HGRN2PreTrainedModel(_RecurrentInit, _FoxPreTrainedBase):

@@ -28,7 +28,7 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y, z):
         acc = torch.promote_types(y.dtype, torch.float32)
         h = y.to(acc) * F.silu(z.to(acc))
-        g = h.view(*h.shape[:-1], -1, self.group_size)
+        g = h.view(*h.shape[:-1], h.shape[-1] // self.group_size, self.group_size)  # no -1: T may be 0
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
         return (g.view_as(h) * self.weight.to(acc)).to(y.dtype)
 
@@ -88,7 +88,7 @@ class Mamba2Mixer(nn.Module):
         y = y + xs * self.D.to(acc)[:, None]
         if state is not None:
             state.tensors.update(S=S, conv=conv_state)
-        return self.out_proj(self.norm(y.reshape(B, T, -1).to(x.dtype), z))
+        return self.out_proj(self.norm(y.reshape(B, T, H * P).to(x.dtype), z))
 
 
 class Mamba2Block(GradientCheckpointingLayer):
