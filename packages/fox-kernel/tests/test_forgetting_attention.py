@@ -556,3 +556,42 @@ def test_float64_outputs_and_gradients_have_float64_accuracy():
     do = torch.randn(out.shape, generator=g, dtype=torch.float64)
     for a, e in zip(torch.autograd.grad(out, ins, do), torch.autograd.grad(ref, refs, do)):
         torch.testing.assert_close(a.double(), e, rtol=1e-6 if a.dtype == torch.float32 else 1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("Tq, Tk", [(53, 53), (29, 70)])
+def test_kept_ranges_of_both_passes_from_one_launch(device, Tq, Tk):
+    """The one launch that fills both backward passes' pruned-range tables (the Gluon backward's) equals the
+    two tables built alone, and the dQ table equals a plain search: for each query block, the first key block
+    whose last key's decay from the block's first query reaches the bound (else the diagonal block)."""
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("the range kernel runs on CUDA or under TRITON_INTERPRET=1")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fox_kernel.ops.triton.ranges import kept_ranges, kept_ranges_pair
+    from fox_kernel.ops.triton.sums import prefix_sums
+
+    B, H = 2, 3
+    g = torch.Generator().manual_seed(Tq + Tk)
+    lf = random_log_fgate((B, Tk, H), speed="fast", generator=g).to(device)
+    c = prefix_sums(lf, None)  # (B, H, Tk) float64
+    threshold = (-torch.rand(B, H, generator=g) * 6 - 0.5).to(device)
+    key_blocks, query_blocks = dict(BLOCK_M=16, BLOCK_N=32), dict(BLOCK_M=32, BLOCK_N=16)
+    keys, queries = kept_ranges_pair(c, None, None, threshold, B, H, Tq, Tk, Tk, key_blocks, query_blocks)
+    alone_keys = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, key_blocks, False)
+    alone_queries = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, query_blocks, True)
+    torch.testing.assert_close(keys, alone_keys, rtol=0, atol=0)
+    # rows past Tq's last query block are never written (nor read)
+    n_query_blocks = math.ceil(Tq / query_blocks["BLOCK_M"])
+    torch.testing.assert_close(queries[:, :n_query_blocks], alone_queries[:, :n_query_blocks], rtol=0, atol=0)
+    cc, bound = c.cpu().view(B * H, Tk), threshold.cpu().view(B * H)
+    bm, bn = query_blocks["BLOCK_M"], query_blocks["BLOCK_N"]
+    pruned_somewhere = False
+    for r in range(B * H):
+        for i in range(n_query_blocks):
+            first = i * bm + Tk - Tq
+            mid = (min(first, Tk) // bn) * bn
+            want = next((j for j in range(0, mid, bn) if cc[r, first] - cc[r, j + bn - 1] >= bound[r]), mid)
+            assert int(queries[r, i]) == want, (r, i, int(queries[r, i]), want)
+            pruned_somewhere |= want > 0
+    assert pruned_somewhere  # the case prunes: a search that kept every block would not pass unnoticed
