@@ -23,7 +23,6 @@ from datetime import datetime
 from pathlib import Path
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from fox_train.config import (
@@ -38,6 +37,10 @@ from fox_train.config import (
     resumed_config,
 )
 from fox_train.errors import first_line
+
+# numpy, torch, transformers and fox_models are imported inside the functions that use them (the model
+# group's values are fox_train.config.PRESET_FIELDS): `fox-train --help`, `--cfg job` and an error in the
+# command line or the composed config answer without those imports.
 
 
 class RunError(Exception):
@@ -257,6 +260,8 @@ def _one_line(e: BaseException) -> str:
 
 
 def _tokenize(args) -> None:
+    import numpy as np
+
     import fox_models
     from fox_train.data import text_documents, tokenize_documents
     from fox_train.disk import save_npy

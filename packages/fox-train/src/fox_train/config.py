@@ -17,7 +17,6 @@ from typing import Any, get_args, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from fox_models.presets import PRESETS, TINY_PRESETS, get_preset
 from fox_train.errors import first_line
 
 
@@ -68,6 +67,105 @@ class ModelConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("preset", "overrides"))
+
+# Every fox-models preset (the paper's models, then the tiny ones) with the ModelConfig fields that
+# ``model=NAME`` fills in: what ``preset_fields(NAME)`` returns, written out so that registering the ``model``
+# group, composing a config and ``fox-train --help`` import neither torch nor transformers (fox-models'
+# configs need both). tests/test_cli_startup.py checks it against fox-models, and ``check`` refuses a run whose
+# preset's entry disagrees with fox-models (the entry's values would replace the preset's).
+PRESET_FIELDS: dict[str, dict[str, Any]] = {
+    "fox-pro-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=3.5,
+                         use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
+                         qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                         use_v_shift=True),
+    "fox-pro-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=3.5,
+                         use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
+                         qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                         use_v_shift=True),
+    "fox-pro-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=24, hidden_ratio=3.5,
+                         use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
+                         qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                         use_v_shift=True),
+    "fox-llama-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=4,
+                           use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
+                           qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False,
+                           use_v_shift=False),
+    "fox-llama-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=4,
+                           use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
+                           qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False,
+                           use_v_shift=False),
+    "fox-llama-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=24, hidden_ratio=4,
+                           use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
+                           qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False,
+                           use_v_shift=False),
+    "transformer-pro-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=3.5,
+                                 use_rope=True, rope_base=500000.0, fgate_type="none", fgate_bias_init=False,
+                                 qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                                 use_v_shift=True),
+    "transformer-pro-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=3.5,
+                                 use_rope=True, rope_base=500000.0, fgate_type="none", fgate_bias_init=False,
+                                 qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                                 use_v_shift=True),
+    "transformer-pro-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=3.5,
+                                 use_rope=True, rope_base=500000.0, fgate_type="none", fgate_bias_init=False,
+                                 qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
+                                 use_v_shift=True),
+    "transformer-llama-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=4,
+                                   rope_base=500000.0),
+    "transformer-llama-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=4,
+                                   rope_base=500000.0),
+    "transformer-llama-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
+                                   rope_base=500000.0),
+    "transformer-swa-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=4,
+                                 rope_base=500000.0, window_size=2048),
+    "transformer-swa-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=4,
+                                 rope_base=500000.0, window_size=2048),
+    "transformer-swa-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
+                                 rope_base=500000.0, window_size=2048),
+    "mamba2-125m": dict(hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, state_size=128,
+                        expand=2),
+    "mamba2-360m": dict(hidden_size=1024, num_hidden_layers=48, num_heads=32, head_dim=64, state_size=128,
+                        expand=2),
+    "mamba2-760m": dict(hidden_size=1536, num_hidden_layers=48, num_heads=48, head_dim=64, state_size=128,
+                        expand=2),
+    "hgrn2-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6, hidden_ratio=4, expand_ratio=128,
+                       conv_size=4),
+    "hgrn2-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=8, hidden_ratio=4, expand_ratio=128,
+                       conv_size=4),
+    "hgrn2-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
+                       expand_ratio=128, conv_size=4),
+    "delta_net-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6, hidden_ratio=4,
+                           use_output_norm=True, conv_size=4),
+    "delta_net-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=8, hidden_ratio=4,
+                           use_output_norm=True, conv_size=4),
+    "delta_net-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
+                           use_output_norm=True, conv_size=4),
+    "samba-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, rope_base=500000.0,
+                       window_size=2048, state_size=16, expand=2),
+    "samba-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, rope_base=500000.0,
+                       window_size=2048, state_size=16, expand=2),
+    "samba-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, rope_base=500000.0,
+                       window_size=2048, state_size=16, expand=2),
+    "fox-pro-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=4, hidden_ratio=3.5, use_rope=False,
+                         rope_base=500000.0, fgate_type="full", fgate_bias_init=False, qk_norm=True,
+                         use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True),
+    "fox-llama-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=4, hidden_ratio=4, use_rope=False,
+                           rope_base=500000.0, fgate_type="full", fgate_bias_init=False, qk_norm=False,
+                           use_output_gate=False, use_output_norm=False, use_k_shift=False,
+                           use_v_shift=False),
+    "transformer-llama-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4,
+                                   rope_base=500000.0),
+    "transformer-swa-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4,
+                                 rope_base=500000.0, window_size=8),
+    "mamba2-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=4, head_dim=64, state_size=16,
+                        expand=2),
+    "hgrn2-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4, expand_ratio=64,
+                       conv_size=4),
+    "delta_net-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4,
+                           use_output_norm=True, conv_size=4),
+    "samba-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, rope_base=500000.0, window_size=8,
+                       state_size=16, expand=2),
+}
 
 
 @dataclass
@@ -217,7 +315,10 @@ class TrainConfig:
 
 
 def preset_fields(name: str) -> dict[str, Any]:
-    """The ModelConfig fields of a preset, as ``model=NAME`` fills them in."""
+    """The ModelConfig fields of a preset, as ``model=NAME`` fills them in, read from fox-models' config
+    (``PRESET_FIELDS`` holds the same values without importing it)."""
+    from fox_models.presets import get_preset
+
     config = get_preset(name)
     hints = get_type_hints(ModelConfig)
     found = {}
@@ -235,8 +336,8 @@ def preset_fields(name: str) -> dict[str, Any]:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    for name in (*PRESETS, *TINY_PRESETS):
-        cs.store(group="model", name=name, node=ModelConfig(preset=name, **preset_fields(name)))
+    for name, values in PRESET_FIELDS.items():
+        cs.store(group="model", name=name, node=ModelConfig(preset=name, **values))
     for name in ("bundled", "tokens", "text", "longcrawl64", "hf"):
         cs.store(group="data", name=name, node=DataConfig(source=name))
     cs.store(group="optimizer", name="adamw", node=OptimizerConfig())
@@ -322,12 +423,23 @@ def check(cfg: TrainConfig) -> None:
         if s.warmup_tokens + s.anneal_tokens > s.total_tokens:
             raise ValueError(f"schedule.warmup_tokens + schedule.anneal_tokens must not exceed schedule.total_tokens, "
                              f"got {s.warmup_tokens} + {s.anneal_tokens} > {s.total_tokens}")
+    check_preset_fields(cfg.model.preset)
     model_config(cfg.model)
+
+
+def check_preset_fields(name: str) -> None:
+    """ValueError when ``PRESET_FIELDS[name]`` differs from fox-models' preset ``name``: ``model=NAME`` would
+    fill in the table's values, and they would replace the preset's."""
+    if name in PRESET_FIELDS and PRESET_FIELDS[name] != preset_fields(name):
+        raise ValueError(f"fox_train.config.PRESET_FIELDS[{name!r}] = {PRESET_FIELDS[name]} disagrees with "
+                         f"fox-models' preset, {preset_fields(name)}: update the table")
 
 
 def model_config(cfg: ModelConfig):
     """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied.
     A field the config refuses is named as it is set here: ``model.hidden_size``, ``model.overrides.norm_eps``."""
+    from fox_models.presets import get_preset
+
     config = get_preset(cfg.preset)
     given = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
     for k in given:

@@ -1,0 +1,95 @@
+"""fox-train's start: importing the command line, ``--help``, ``--cfg job`` and errors in the command line or
+the composed config load neither torch, transformers nor fox_models (seconds of imports); the ``model``
+group's values (``PRESET_FIELDS``, written out for that) are fox-models' presets."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fox_train import config
+from fox_train.cli import compose
+
+HEAVY = ("torch", "transformers", "fox_models", "fox_kernel", "fox_layers", "lightning")
+
+# Runs the module as `python -m fox_train.cli ARGS` does (runpy, __main__), then reports its exit and which
+# heavy modules were imported.
+RUN = """
+import json, runpy, sys
+args, heavy = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+sys.argv = ["fox-train", *args]
+code = None
+try:
+    runpy.run_module("fox_train.cli", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"exit": code if code is None or isinstance(code, int) else str(code),
+                  "heavy": sorted(m for m in heavy if m in sys.modules)}))
+"""
+
+
+def _run(args, cwd):
+    r = subprocess.run([sys.executable, "-c", RUN, json.dumps(args), json.dumps(HEAVY)], capture_output=True,
+                       text=True, cwd=cwd, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout + r.stderr
+
+
+def test_importing_the_cli_imports_no_torch(tmp_path):
+    code = "import fox_train.cli, sys; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_console_script_help_prints_usage(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "fox_train.cli", "--help"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "fox-train [group=option ...] [key=value ...]" in r.stdout
+    assert "== Configuration groups ==" in r.stdout and "fox-pro-760m" in r.stdout
+    assert not list(tmp_path.iterdir())  # no outputs/ folder
+
+
+def test_help_imports_no_torch(tmp_path):
+    got, out = _run(["--help"], tmp_path)
+    assert got == {"exit": 0, "heavy": []}, out
+    # the composed default config, with the default preset's fields
+    assert "preset: fox-pro-tiny" in out and "hidden_size: 128" in out
+
+
+def test_cfg_job_imports_no_torch(tmp_path):
+    got, out = _run(["model=mamba2-360m", "--cfg", "job"], tmp_path)
+    assert got == {"exit": None, "heavy": []}, out
+    assert "preset: mamba2-360m" in out and "state_size: 128" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["foo=1"], "Key 'foo' not in 'TrainConfig'"),
+    (["model=nope"], "Could not find 'model/nope'"),
+    (["data.seq_len=abc"], "could not be converted to Integer"),
+    (["model.hidden_size=1.5"], "model.hidden_size"),
+    (["run_name=../x"], "run_name must be a plain folder name"),
+    (["tokenize"], "required: input, output"),
+])
+def test_argument_errors_import_no_torch(tmp_path, args, message):
+    got, out = _run(args, tmp_path)
+    assert got["heavy"] == [] and got["exit"] not in (0, None), out
+    assert message in out
+
+
+def test_preset_fields_are_fox_models_presets():
+    from fox_models.presets import PRESETS, TINY_PRESETS
+
+    assert list(config.PRESET_FIELDS) == PRESETS + TINY_PRESETS
+    computed = {name: config.preset_fields(name) for name in PRESETS + TINY_PRESETS}
+    stale = {name: computed[name] for name in computed if config.PRESET_FIELDS[name] != computed[name]}
+    assert not stale, f"fox_train.config.PRESET_FIELDS differs from fox-models; its entries should read {stale}"
+
+
+def test_a_stale_preset_entry_is_refused(monkeypatch):
+    monkeypatch.setitem(config.PRESET_FIELDS, "fox-pro-tiny", {**config.PRESET_FIELDS["fox-pro-tiny"], "hidden_ratio": 4})
+    with pytest.raises(ValueError, match=r"PRESET_FIELDS\['fox-pro-tiny'\].*disagrees with fox-models"):
+        config.check(compose([]))
+    config.check(compose(["model=fox-llama-tiny"]))  # the other entries are still checked one by one
+
