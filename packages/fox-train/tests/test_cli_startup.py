@@ -93,3 +93,13 @@ def test_a_stale_preset_entry_is_refused(monkeypatch):
         config.check(compose([]))
     config.check(compose(["model=fox-llama-tiny"]))  # the other entries are still checked one by one
 
+
+def test_compositions_leave_the_stored_presets_as_they_were():
+    """The ConfigStore is shared between Hydra's copies of it (config._SharedRepo): an override changes the
+    composed config only."""
+    assert compose(["model=fox-pro-tiny", "model.hidden_size=64", "model.num_heads=2"]).model.hidden_size == 64
+    again = compose(["model=fox-pro-tiny"]).model
+    assert (again.hidden_size, again.num_heads) == (128, 4)
+    for name in ("mamba2-tiny", "samba-760m"):
+        model = compose([f"model={name}"]).model
+        assert {k: getattr(model, k) for k in config.PRESET_FIELDS[name]} == config.PRESET_FIELDS[name]

@@ -333,8 +333,21 @@ def preset_fields(name: str) -> dict[str, Any]:
     return found
 
 
+class _SharedRepo(dict):
+    """ConfigStore's repository, deep copied as itself. Hydra deep copies its config repository, ConfigStore
+    included, for each config group that ``--help`` lists and for each composition: about 130 copies of every
+    stored node (the ``model`` group's presets are most of them), seconds of ``fox-train --help``. Only
+    ConfigStore reads and writes the repository, and ``ConfigStore.load`` deep copies the node it returns, so
+    sharing it changes no composed config."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 def register() -> None:
     cs = ConfigStore.instance()
+    if not isinstance(cs.repo, _SharedRepo):
+        cs.repo = _SharedRepo(cs.repo)
     cs.store(name="train_schema", node=TrainConfig)
     for name, values in PRESET_FIELDS.items():
         cs.store(group="model", name=name, node=ModelConfig(preset=name, **values))
