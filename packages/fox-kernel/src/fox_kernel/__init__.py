@@ -16,6 +16,7 @@ from fox_kernel.decode import (
 )
 from fox_kernel.ops import forgetting_attention
 from fox_kernel.ops.checks import require_window_size, values_checkable
+from fox_kernel.ops.dispatch import runs_triton
 from fox_kernel.options import KernelOptions, current_options, kernel_options
 from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, AutoThreshold, check_log_tolerance, pruning_threshold
 from fox_kernel.pruning import bound as pruning_bound
@@ -37,6 +38,7 @@ __all__ = [
     "pruning_bound",
     "pruning_threshold",
     "require_window_size",
+    "runs_triton",
     "values_checkable",
     "__version__",
 ]

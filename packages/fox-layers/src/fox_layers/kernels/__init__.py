@@ -7,7 +7,7 @@ import contextlib
 import torch
 import triton
 
-from fox_kernel.ops.dispatch import runs_triton
+from fox_kernel import runs_triton
 
 
 def use_triton(x: torch.Tensor) -> bool:
