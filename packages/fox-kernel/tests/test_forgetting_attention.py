@@ -559,8 +559,8 @@ def test_float64_outputs_and_gradients_have_float64_accuracy():
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("Tq, Tk", [(53, 53), (29, 70)])
-def test_kept_ranges_of_both_passes_from_one_launch(device, Tq, Tk):
+@pytest.mark.parametrize("Tq, Tk, blocks_first", [(53, 53, False), (29, 70, True)])
+def test_kept_ranges_of_both_passes_from_one_launch(device, Tq, Tk, blocks_first):
     """The one launch that fills both backward passes' pruned-range tables (the Gluon backward's) equals the
     two tables built alone, and the dQ table equals a plain search: for each query block, the first key block
     whose last key's decay from the block's first query reaches the bound (else the diagonal block)."""
@@ -577,7 +577,8 @@ def test_kept_ranges_of_both_passes_from_one_launch(device, Tq, Tk):
     c = prefix_sums(lf, None)  # (B, H, Tk) float64
     threshold = (-torch.rand(B, H, generator=g) * 6 - 0.5).to(device)
     key_blocks, query_blocks = dict(BLOCK_M=16, BLOCK_N=32), dict(BLOCK_M=32, BLOCK_N=16)
-    keys, queries = kept_ranges_pair(c, None, None, threshold, B, H, Tq, Tk, Tk, key_blocks, query_blocks)
+    keys, queries = kept_ranges_pair(c, None, None, threshold, B, H, Tq, Tk, Tk, key_blocks, query_blocks,
+                                     blocks_first=blocks_first)  # both grid orientations
     alone_keys = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, key_blocks, False)
     alone_queries = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tk, query_blocks, True)
     torch.testing.assert_close(keys, alone_keys, rtol=0, atol=0)

@@ -134,16 +134,21 @@ def last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.con
 def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_strides, H, Tq, Tk, WINDOW, N_KEYS, N_QUERIES,
                        KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr, QUERY_N: tl.constexpr,
                        IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr,
-                       HAS_WINDOW: tl.constexpr):
+                       HAS_WINDOW: tl.constexpr, BLOCKS_FIRST: tl.constexpr):
     """Pruned ranges for the backward passes (and the Gluon forward), one int per (row, head, block), found
     once up front so the kernels only load them (searching inside them cost registers and time).
 
-    Programs [0, N_KEYS) of the first axis: the end of the kept queries of each key block (dK/dV, tiles
-    KEY_M x KEY_N) into OUT_KEYS; programs [N_KEYS, N_KEYS + N_QUERIES): the first kept key of each query
+    One program per (row, head) and block, the blocks on the grid's second axis (the first with
+    BLOCKS_FIRST). Blocks [0, N_KEYS): the end of the kept queries of each key block (dK/dV, tiles
+    KEY_M x KEY_N) into OUT_KEYS; blocks [N_KEYS, N_KEYS + N_QUERIES): the first kept key of each query
     block (dQ, tiles QUERY_M x QUERY_N) into OUT_QUERIES. One launch fills both tables."""
     stride_cb, stride_ch = c_strides
-    pid = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    if BLOCKS_FIRST:
+        pid = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    else:
+        pid_bh = tl.program_id(0)
+        pid = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t_q, t_k, s0 = sequence_bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
@@ -165,10 +170,13 @@ def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_stride
                      first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, QUERY_N, SCAN))
 
 
-def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, key_blocks, query_blocks, window=0):
+def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, key_blocks, query_blocks, window=0,
+                     blocks_first=None):
     """(end of the kept queries of each key block with tiles ``key_blocks``, first kept key of each query
     block with tiles ``query_blocks``) as ``kept_ranges`` gives them, from one launch; a table whose tiles
-    are None is not built (None). Both None without a threshold."""
+    are None is not built (None). Both None without a threshold. ``blocks_first``: the blocks on the grid's
+    first axis (None: there only when they pass the second axis's 65,535 programs, so that many packed
+    sequences times heads keep the first axis)."""
     if threshold is None:
         return None, None
     n_keys = 0 if key_blocks is None else triton.cdiv(t_max, key_blocks["BLOCK_N"])
@@ -176,13 +184,16 @@ def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_m
     keys = torch.empty(n_rows * H, n_keys, dtype=torch.int32, device=c.device) if n_keys else None
     queries = torch.empty(n_rows * H, n_queries, dtype=torch.int32, device=c.device) if n_queries else None
     kb, qb = key_blocks or query_blocks, query_blocks or key_blocks
+    if blocks_first is None:
+        blocks_first = n_keys + n_queries > 65535
     if n_rows * H and n_keys + n_queries:
-        _kept_range_kernel[(n_keys + n_queries, n_rows * H)](
+        grid = (n_keys + n_queries, n_rows * H) if blocks_first else (n_rows * H, n_keys + n_queries)
+        _kept_range_kernel[grid](
             c, seq_start, cu_seqlens, threshold, keys if keys is not None else queries,
             queries if queries is not None else keys, c.stride()[:2], H, Tq, Tk, window, n_keys, n_queries,
             KEY_M=kb["BLOCK_M"], KEY_N=kb["BLOCK_N"], QUERY_M=qb["BLOCK_M"], QUERY_N=qb["BLOCK_N"],
             IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, SCAN=launch.scan(),
-            HAS_WINDOW=window > 0, num_warps=1,
+            HAS_WINDOW=window > 0, BLOCKS_FIRST=blocks_first, num_warps=1,
         )
     return keys, queries
 
