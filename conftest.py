@@ -63,3 +63,34 @@ def pytest_unconfigure(config):
     if run is not None and run[0].poll() is None:
         run[0].kill()
         run[0].wait()
+
+
+# Runs a CLI module as `python -m MODULE ARGS` does (runpy, __main__) in a fresh interpreter, then reports its
+# exit code and which of the given heavy modules it imported.
+_CLI_RUN = """
+import json, runpy, sys
+module, prog, args, heavy = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+sys.argv = [prog, *args]
+code = None
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"exit": code if code is None or isinstance(code, int) else str(code),
+                  "heavy": sorted(m for m in heavy if m in sys.modules)}))
+"""
+
+
+@pytest.fixture
+def run_cli():
+    """``run_cli(module, prog, heavy, args, cwd)`` -> ({"exit": code, "heavy": imported heavy modules}, output) of
+    ``python -m module args`` run in ``cwd``, ``sys.argv[0]`` being ``prog``."""
+    import json
+
+    def run(module, prog, heavy, args, cwd):
+        r = subprocess.run([sys.executable, "-c", _CLI_RUN, module, prog, json.dumps(args), json.dumps(list(heavy))],
+                           capture_output=True, text=True, cwd=cwd, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout + r.stderr
+
+    return run

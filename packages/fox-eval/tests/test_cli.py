@@ -1,9 +1,7 @@
 """The ``fox-eval`` command line: help and argument errors answer without importing torch, transformers or
 fox_models (they take seconds to import); results go under ``outputs/eval/`` by default."""
 
-import json
-import subprocess
-import sys
+import functools
 
 import pytest
 
@@ -11,27 +9,10 @@ from fox_eval.cli import build_parser
 
 HEAVY = ("torch", "transformers", "fox_models", "fox_kernel", "fox_layers", "lm_eval", "matplotlib")
 
-# Runs the module as `python -m fox_eval.cli ARGS` does (runpy, __main__), then reports its exit and which
-# heavy modules were imported.
-RUN = """
-import json, runpy, sys
-args, heavy = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-sys.argv = ["fox-eval", *args]
-code = None
-try:
-    runpy.run_module("fox_eval.cli", run_name="__main__", alter_sys=True)
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"exit": code if code is None or isinstance(code, int) else str(code),
-                  "heavy": sorted(m for m in heavy if m in sys.modules)}))
-"""
-
-
-def _run(args, cwd):
-    r = subprocess.run([sys.executable, "-c", RUN, json.dumps(args), json.dumps(HEAVY)], capture_output=True, text=True, cwd=cwd,
-                       timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout + r.stderr
+@pytest.fixture
+def _run(run_cli):
+    """``python -m fox_eval.cli ARGS`` in a fresh interpreter: (exit code and the HEAVY modules it imported, output)."""
+    return functools.partial(run_cli, "fox_eval.cli", "fox-eval", HEAVY)
 
 
 @pytest.fixture
@@ -42,13 +23,13 @@ def model_dir(tmp_path):
     return d
 
 
-def test_help_imports_no_torch(tmp_path):
+def test_help_imports_no_torch(tmp_path, _run):
     got, out = _run(["--help"], tmp_path)
     assert got == {"exit": 0, "heavy": []} and "per-token-loss" in out
 
 
 @pytest.mark.parametrize("command", ["per-token-loss", "generate", "inspect", "niah", "harness", "longbench"])
-def test_command_help_imports_no_torch_and_documents_out(tmp_path, command):
+def test_command_help_imports_no_torch_and_documents_out(tmp_path, command, _run):
     got, out = _run([command, "--help"], tmp_path)
     assert got == {"exit": 0, "heavy": []}
     if command != "generate":
@@ -69,7 +50,7 @@ def test_command_help_imports_no_torch_and_documents_out(tmp_path, command):
     (["inspect", "--model", "M", "--text", "/nope.txt"], "--text '/nope.txt' does not exist"),
     (["generate", "--model", "/nope/model", "hi"], "--model '/nope/model' does not exist"),
 ])
-def test_argument_errors_import_no_torch(tmp_path, model_dir, args, message):
+def test_argument_errors_import_no_torch(tmp_path, model_dir, args, message, _run):
     args = [str(model_dir) if a == "M" else a for a in args]
     got, out = _run(args, tmp_path)
     assert got["heavy"] == [] and got["exit"] not in (0, None), out

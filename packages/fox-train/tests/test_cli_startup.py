@@ -2,7 +2,7 @@
 the composed config load neither torch, transformers nor fox_models (seconds of imports); the ``model``
 group's values (``PRESET_FIELDS``, written out for that) are fox-models' presets."""
 
-import json
+import functools
 import subprocess
 import sys
 
@@ -13,27 +13,10 @@ from fox_train.cli import compose
 
 HEAVY = ("torch", "transformers", "fox_models", "fox_kernel", "fox_layers", "lightning")
 
-# Runs the module as `python -m fox_train.cli ARGS` does (runpy, __main__), then reports its exit and which
-# heavy modules were imported.
-RUN = """
-import json, runpy, sys
-args, heavy = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-sys.argv = ["fox-train", *args]
-code = None
-try:
-    runpy.run_module("fox_train.cli", run_name="__main__", alter_sys=True)
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"exit": code if code is None or isinstance(code, int) else str(code),
-                  "heavy": sorted(m for m in heavy if m in sys.modules)}))
-"""
-
-
-def _run(args, cwd):
-    r = subprocess.run([sys.executable, "-c", RUN, json.dumps(args), json.dumps(HEAVY)], capture_output=True,
-                       text=True, cwd=cwd, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout + r.stderr
+@pytest.fixture
+def _run(run_cli):
+    """``python -m fox_train.cli ARGS`` in a fresh interpreter: (exit code and the HEAVY modules it imported, output)."""
+    return functools.partial(run_cli, "fox_train.cli", "fox-train", HEAVY)
 
 
 def test_importing_the_cli_imports_no_torch(tmp_path):
@@ -51,14 +34,14 @@ def test_console_script_help_prints_usage(tmp_path):
     assert not list(tmp_path.iterdir())  # no outputs/ folder
 
 
-def test_help_imports_no_torch(tmp_path):
+def test_help_imports_no_torch(tmp_path, _run):
     got, out = _run(["--help"], tmp_path)
     assert got == {"exit": 0, "heavy": []}, out
     # the composed default config, with the default preset's fields
     assert "preset: fox-pro-tiny" in out and "hidden_size: 128" in out
 
 
-def test_cfg_job_imports_no_torch(tmp_path):
+def test_cfg_job_imports_no_torch(tmp_path, _run):
     got, out = _run(["model=mamba2-360m", "--cfg", "job"], tmp_path)
     assert got == {"exit": None, "heavy": []}, out
     assert "preset: mamba2-360m" in out and "state_size: 128" in out
@@ -72,7 +55,7 @@ def test_cfg_job_imports_no_torch(tmp_path):
     (["run_name=../x"], "run_name must be a plain folder name"),
     (["tokenize"], "required: input, output"),
 ])
-def test_argument_errors_import_no_torch(tmp_path, args, message):
+def test_argument_errors_import_no_torch(tmp_path, args, message, _run):
     got, out = _run(args, tmp_path)
     assert got["heavy"] == [] and got["exit"] not in (0, None), out
     assert message in out
