@@ -190,3 +190,6 @@ def test_context_parallel_call_checks_as_forgetting_attention_does(one_rank_grou
     with pytest.raises(ValueError, match=r"^k must be on cpu like q, got meta$"):
         context_parallel_forgetting_attention(q, k.to("meta"), v, g)
     context_parallel_forgetting_attention(q, k, v, g, options=KernelOptions())
+    for groups in (0, 3, 2.0, True):  # k has 2 heads: 3 does not divide them
+        with pytest.raises(ValueError, match=rf"^head_groups must be a positive divisor of k/v's 2 heads, got {groups!r}$"):
+            context_parallel_forgetting_attention(q, k, v, g, head_groups=groups)

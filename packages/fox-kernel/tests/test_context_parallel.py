@@ -15,16 +15,22 @@ from fox_kernel import forgetting_attention
 from fox_kernel.context_parallel import (
     ContextParallel,
     context_parallel_forgetting_attention,
+    default_head_groups,
     shard_sequence,
     unshard_sequence,
 )
 from fox_kernel.testing import random_log_fgate, run_ranks
 
-CASES = [  # B, chunk, H, Hkv, D, keywords
-    (2, 7, 3, 1, 12, {}),
-    (1, 5, 4, 2, 16, {"window_size": 9}),
-    (2, 4, 2, 2, 8, {"adaptive_threshold": -3.0}),
-    (1, 6, 2, 1, 8, {"adaptive_threshold": "auto", "sm_scale": 0.3}),
+CASES = [  # B, chunk, H, Hkv, D, keywords, head groups (None: the default, one group at these lengths)
+    (2, 7, 3, 1, 12, {}, None),
+    (1, 5, 4, 2, 16, {"window_size": 9}, None),
+    (2, 4, 2, 2, 8, {"adaptive_threshold": -3.0}, None),
+    (1, 6, 2, 1, 8, {"adaptive_threshold": "auto", "sm_scale": 0.3}, None),
+    # the heads gathered in groups, one after the other: GQA heads stay with their key/value head, a
+    # per-head threshold and the "auto" bound follow their heads
+    (1, 5, 4, 2, 16, {"window_size": 9}, 2),
+    (2, 4, 4, 4, 8, {"adaptive_threshold": torch.tensor([-3.0, -1.5, -4.0, -2.0])}, 2),
+    (1, 6, 6, 3, 8, {"adaptive_threshold": "auto"}, 3),
 ]
 
 
@@ -38,7 +44,7 @@ def _inputs(B, T, H, Hkv, D, seed):
 
 
 def _check_attention(world, rank):
-    for seed, (B, chunk, H, Hkv, D, kw) in enumerate(CASES):
+    for seed, (B, chunk, H, Hkv, D, kw, groups) in enumerate(CASES):
         T = 2 * world * chunk
         full = [x.requires_grad_() for x in _inputs(B, T, H, Hkv, D, seed)]
         out = forgetting_attention(*full, **kw)
@@ -46,9 +52,9 @@ def _check_attention(world, rank):
         grads = torch.autograd.grad(out, full, dout)
 
         local = [shard_sequence(x.detach(), world, rank).requires_grad_() for x in full]
-        local_out = context_parallel_forgetting_attention(*local, **kw)
+        local_out = context_parallel_forgetting_attention(*local, **kw, head_groups=groups)
         local_grads = torch.autograd.grad(local_out, local, shard_sequence(dout, world, rank))
-        case = f"case {seed} ({B=}, {T=}, {H=}, {Hkv=}, {D=}, {kw}) rank {rank}/{world}"
+        case = f"case {seed} ({B=}, {T=}, {H=}, {Hkv=}, {D=}, {kw}, {groups=}) rank {rank}/{world}"
         torch.testing.assert_close(local_out, shard_sequence(out, world, rank), rtol=1e-10, atol=1e-12, msg=case)
         for name, a, e in zip(("dq", "dk", "dv", "dlog_fgate"), local_grads, grads):
             # the gates are float32, and so is their gradient: the sums over chunks and ranks round in float32
@@ -87,7 +93,7 @@ def _check_cuda_bf16(world, rank):
     """At 16k tokens in bfloat16 on NCCL: the context-parallel output and gradients are as close to a
     float32 single-GPU call as the bfloat16 single-GPU call is (its own rounding noise)."""
     torch.cuda.set_device(rank)
-    for H, Hkv, D in ((12, 12, 64), (8, 2, 128)):
+    for H, Hkv, D, groups in ((12, 12, 64, None), (8, 2, 128, None), (8, 2, 128, 2)):
         T = 16384
         q, k, v, lf = (x.cuda() for x in _inputs(1, T, H, Hkv, D, seed=D))
         dout = torch.randn(1, T, H, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64).cuda()
@@ -102,11 +108,14 @@ def _check_cuda_bf16(world, rank):
         shard = lambda x: shard_sequence(x, world, rank)
         exact = [shard(x).double() for x in run(forgetting_attention, torch.float32, None)]
         single = [shard(x).double() for x in run(forgetting_attention, torch.bfloat16, None)]
-        split = [x.double() for x in run(context_parallel_forgetting_attention, torch.bfloat16, shard)]
+        split = [x.double() for x in run(lambda *a: context_parallel_forgetting_attention(*a, head_groups=groups),
+                                         torch.bfloat16, shard)]
         for name, e, a, b in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, single, split):
             noise, err = (a - e).abs().max().item(), (b - e).abs().max().item()
-            assert err <= 1.5 * noise + 1e-6 * e.abs().max().item(), f"{name} (H={H}, D={D}): {err} vs bf16 noise {noise}"
-            print(f"rank {rank} H={H} Hkv={Hkv} D={D} {name}: context-parallel error {err:.3g}, single-GPU {noise:.3g}")
+            assert err <= 1.5 * noise + 1e-6 * e.abs().max().item(), \
+                f"{name} (H={H}, D={D}, {groups=}): {err} vs bf16 noise {noise}"
+            print(f"rank {rank} H={H} Hkv={Hkv} D={D} {groups=} {name}: context-parallel error {err:.3g}, "
+                  f"single-GPU {noise:.3g}")
 
 
 @pytest.mark.gpu
@@ -122,6 +131,18 @@ def test_shard_sequence_refuses_lengths_that_do_not_split():
         shard_sequence(torch.zeros(1, 6, 2), 2, 0)
     with pytest.raises(ValueError, match="rank must lie in \\[0, 2\\)"):
         shard_sequence(torch.zeros(1, 8, 2), 2, 2)
+
+
+def test_default_head_groups_fit_the_budget():
+    """The fewest groups, a divisor of the key/value heads, whose whole-sequence K|V fits the budget; one
+    group per head when even one head's does not."""
+    one_head = 2 * 1000 * 2 * 64 * 2  # B=2, T=1000, K|V of D=64 in bf16
+    assert default_head_groups(12, 1000, 2, 64, 2, budget=12 * one_head) == 1
+    assert default_head_groups(12, 1000, 2, 64, 2, budget=12 * one_head - 1) == 2
+    assert default_head_groups(12, 1000, 2, 64, 2, budget=5 * one_head) == 3  # 4 heads a group would not fit
+    assert default_head_groups(12, 1000, 2, 64, 2, budget=one_head - 1) == 12
+    assert default_head_groups(7, 1000, 2, 64, 2, budget=6 * one_head) == 7  # 7 is prime
+    assert default_head_groups(12, 2**20, 1, 128, 2) == 12  # 1M tokens: 512 MiB a head against 256 MiB
 
 
 def test_needs_an_initialised_process_group():

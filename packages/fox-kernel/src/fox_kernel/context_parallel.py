@@ -21,6 +21,14 @@ Attention (``context_parallel_forgetting_attention``), the all-gather scheme Lla
    owners (the adjoint of the all-gather). The gates' gradient of the kernel already holds the reverse
    prefix sum over the keys of the call, so the sum over chunks and ranks is the exact gradient.
 
+Memory. What a rank holds of the whole sequence does not shrink with more ranks, so the heads are taken in
+groups (``head_groups``; by default the fewest groups whose whole-sequence K|V fits ``GATHER_BYTES``): steps
+1-3 run once per group of key/value heads (with their query heads), so a rank holds one group's gathered K|V
+(and, in the backward, their float32 gradients, twice that) at a time. At 1.5M tokens of a 12-head, D=128
+model that is 0.8 GB and 1.6 GB per head instead of 9.7 GB and 19 GB for all heads at once; at 64k tokens of
+the same model (0.4 GB for all heads) one group takes every head and nothing changes. More groups mean more,
+smaller collectives and kernel calls with fewer heads.
+
 Adaptive computation pruning works as on one device: each chunk's call skips the key blocks whose decay
 makes them negligible (with ``"auto"``, the bound uses that call's own number of keys, which are all the
 keys its queries see, so the eps guarantee holds). Those blocks are not computed; they are still
@@ -41,12 +49,30 @@ from fox_kernel.ops.forgetting_attention import _bwd_op, _fwd_op, _options_key, 
 from fox_kernel.options import KernelOptions, current_options
 
 __all__ = [
+    "GATHER_BYTES",
     "ContextParallel",
     "context_parallel_forgetting_attention",
+    "default_head_groups",
     "shard_sequence",
     "unshard_sequence",
     "zigzag_chunks",
 ]
+
+
+GATHER_BYTES = 256 * 2**20
+"""The default bound on one head group's whole-sequence K|V that a rank gathers at a time (bytes)."""
+
+
+def default_head_groups(kv_heads: int, total_len: int, batch: int, head_dim: int, itemsize: int,
+                budget: int = GATHER_BYTES) -> int:
+    """The fewest groups (a divisor of ``kv_heads``) whose whole-sequence K|V (``batch`` x ``total_len`` x
+    heads of the group x 2 ``head_dim`` x ``itemsize`` bytes) fits ``budget``; one group per head when even
+    one head's does not."""
+    per_head = batch * total_len * 2 * head_dim * itemsize
+    for groups in range(1, kv_heads + 1):
+        if kv_heads % groups == 0 and per_head * (kv_heads // groups) <= budget:
+            return groups
+    return kv_heads
 
 
 def _world(group) -> tuple[int, int]:
@@ -156,54 +182,86 @@ def _chunk_calls(world: int, rank: int, T_local: int):
         yield slice(i * C, (i + 1) * C), (g + 1) * C
 
 
+def _head_slices(groups: int, kv_heads: int, heads: int):
+    """(key/value head slice, query head slice) of each group: a key/value head with its GQA query heads."""
+    per, rep = kv_heads // groups, heads // kv_heads
+    for j in range(groups):
+        yield slice(j * per, (j + 1) * per), slice(j * per * rep, (j + 1) * per * rep)
+
+
+def _part(x: torch.Tensor, heads: slice, whole: int) -> torch.Tensor:
+    """``x[:, :, heads]`` as its own dense tensor (``x`` itself when the slice is every head)."""
+    return x if heads.stop - heads.start == whole else x[:, :, heads].contiguous()
+
+
+def _threshold_part(threshold, heads: slice):
+    return None if threshold is None or threshold.numel() == 0 else threshold[:, heads].contiguous()
+
+
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, log_fgate, group, sm_scale, threshold, auto_log_eps, window, options):
+    def forward(ctx, q, k, v, log_fgate, group, sm_scale, threshold, auto_log_eps, window, options, groups):
         world, rank = _world(group)
-        K, V, G = _gather_kvg(k, v, log_fgate, group)
-        outs, lses, bounds = [], [], []
-        for rows, end in _chunk_calls(world, rank, q.shape[1]):
-            out, lse, bound = _fwd_op(q[:, rows], K[:, :end], V[:, :end], G[:, :end], None, None,
-                                      sm_scale, threshold, auto_log_eps, window, options)
-            outs.append(out)
-            lses.append(lse)
-            bounds.append(bound if auto_log_eps is not None else threshold)
-        ctx.save_for_backward(q, k, v, log_fgate, *outs, *lses)
+        H, Hkv = q.shape[2], k.shape[2]
+        out = torch.empty_like(q)
+        lses, bounds = [], []
+        for kv_heads, q_heads in _head_slices(groups, Hkv, H):
+            K, V, G = _gather_kvg(_part(k, kv_heads, Hkv), _part(v, kv_heads, Hkv),
+                                  _part(log_fgate, q_heads, H), group)
+            q_part, thr = _part(q, q_heads, H), _threshold_part(threshold, q_heads)
+            for rows, end in _chunk_calls(world, rank, q.shape[1]):
+                o, lse, bound = _fwd_op(q_part[:, rows], K[:, :end], V[:, :end], G[:, :end], None, None,
+                                        sm_scale, thr, auto_log_eps, window, options)
+                out[:, rows, q_heads] = o
+                lses.append(lse)
+                bounds.append(bound if auto_log_eps is not None else thr)
+            del K, V, G
+        ctx.save_for_backward(q, k, v, log_fgate, out, *lses)
         ctx.bounds = bounds
-        ctx.args = (group, sm_scale, window, options)
-        return torch.cat(outs, dim=1)
+        ctx.args = (group, sm_scale, window, options, groups)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, log_fgate, *saved = ctx.saved_tensors
-        outs, lses = saved[:2], saved[2:]
-        group, sm_scale, window, options = ctx.args
+        q, k, v, log_fgate, out, *lses = ctx.saved_tensors
+        group, sm_scale, window, options, groups = ctx.args
         world, rank = _world(group)
-        K, V, G = _gather_kvg(k, v, log_fgate, group)
         B, T_local, Hkv, D = k.shape
+        H = q.shape[2]
         C = T_local // 2
-        # The gradients of every rank's K|V and gates, summed here in float32 and laid out in rank order
-        # (world, B, 2C, ...), so that the reduce-scatter hands each rank its own without another copy.
-        acc = torch.promote_types(k.dtype, torch.float32)
-        dkv_all = k.new_zeros((world, B, T_local, Hkv, 2 * D), dtype=acc)
-        dg_all = log_fgate.new_zeros((world, *log_fgate.shape), dtype=torch.promote_types(G.dtype, torch.float32))
-        kv_chunks, g_chunks = _by_chunk(dkv_all.unbind(0), 1), _by_chunk(dg_all.unbind(0), 1)
-        dq = torch.empty_like(q)
-        for i, (rows, end) in enumerate(_chunk_calls(world, rank, T_local)):
-            dq_i, dk_i, dv_i, dg_i = _bwd_op(dout[:, rows].contiguous(), q[:, rows], K[:, :end], V[:, :end],
-                                             G[:, :end], outs[i], lses[i], None, None, sm_scale, ctx.bounds[i],
-                                             window, options)
-            dq[:, rows] = dq_i
-            for g in range(end // C):
-                keys = slice(g * C, (g + 1) * C)
-                kv_chunks[g][..., :D] += dk_i[:, keys]
-                kv_chunks[g][..., D:] += dv_i[:, keys]
-                g_chunks[g] += dg_i[:, keys]
-            del dk_i, dv_i, dg_i
-        del K, V, G
-        dk, dv = _reduce_scatter(dkv_all, group).split(D, dim=-1)
-        dg = _reduce_scatter(dg_all, group)
-        return (dq, dk.to(k.dtype), dv.to(v.dtype), dg.to(log_fgate.dtype), None, None, None, None, None, None)
+        dq, dk, dv, dg = (torch.empty_like(x) for x in (q, k, v, log_fgate))
+        call = 0
+        for kv_heads, q_heads in _head_slices(groups, Hkv, H):
+            K, V, G = _gather_kvg(_part(k, kv_heads, Hkv), _part(v, kv_heads, Hkv),
+                                  _part(log_fgate, q_heads, H), group)
+            q_part, do_part, out_part = (_part(x, q_heads, H) for x in (q, dout, out))
+            # The gradients of every rank's K|V and gates of this head group, summed here in float32 and laid
+            # out in rank order (world, B, 2C, ...), so that the reduce-scatter hands each rank its own
+            # without another copy.
+            acc = torch.promote_types(k.dtype, torch.float32)
+            dkv_all = k.new_zeros((world, B, T_local, K.shape[2], 2 * D), dtype=acc)
+            dg_all = log_fgate.new_zeros((world, B, T_local, G.shape[2]),
+                                         dtype=torch.promote_types(G.dtype, torch.float32))
+            kv_chunks, g_chunks = _by_chunk(dkv_all.unbind(0), 1), _by_chunk(dg_all.unbind(0), 1)
+            for rows, end in _chunk_calls(world, rank, T_local):
+                dq_i, dk_i, dv_i, dg_i = _bwd_op(do_part[:, rows].contiguous(), q_part[:, rows], K[:, :end],
+                                                 V[:, :end], G[:, :end], out_part[:, rows].contiguous(),
+                                                 lses[call], None, None,
+                                                 sm_scale, ctx.bounds[call], window, options)
+                call += 1
+                dq[:, rows, q_heads] = dq_i
+                for g in range(end // C):
+                    keys = slice(g * C, (g + 1) * C)
+                    kv_chunks[g][..., :D] += dk_i[:, keys]
+                    kv_chunks[g][..., D:] += dv_i[:, keys]
+                    g_chunks[g] += dg_i[:, keys]
+                del dk_i, dv_i, dg_i
+            del K, V, G
+            dkv = _reduce_scatter(dkv_all, group)
+            del dkv_all
+            dk[:, :, kv_heads], dv[:, :, kv_heads] = dkv[..., :D], dkv[..., D:]
+            dg[:, :, q_heads] = _reduce_scatter(dg_all, group)
+        return dq, dk, dv, dg, None, None, None, None, None, None, None
 
 
 @torch.compiler.disable  # collectives inside an autograd.Function: run eagerly under torch.compile
@@ -218,6 +276,7 @@ def context_parallel_forgetting_attention(
     adaptive_threshold=None,
     window_size: int | None = None,
     options: KernelOptions | None = None,
+    head_groups: int | None = None,
 ) -> torch.Tensor:
     """Forgetting Attention of one sequence split across the ranks of ``group`` (default: the world).
 
@@ -229,7 +288,9 @@ def context_parallel_forgetting_attention(
     ``sm_scale``, ``adaptive_threshold``, ``window_size`` and ``options`` are those of
     ``forgetting_attention`` (a threshold tensor broadcasts to (B, H)). Left padding (``seq_start``) and
     packed batches (``cu_seqlens``) are not taken: separate packed documents by gates of exactly 0
-    (log gate -inf), which the kernel computes exactly.
+    (log gate -inf), which the kernel computes exactly. ``head_groups``: in how many groups of key/value
+    heads the whole sequence is gathered, one after the other (a divisor of k's heads; None: the fewest whose
+    whole-sequence K|V fits ``GATHER_BYTES``).
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("log_fgate", log_fgate)):
         checks.require_tensor(name, x)
@@ -251,6 +312,11 @@ def context_parallel_forgetting_attention(
         raise ValueError(f"a rank's shard holds two chunks of equal length: its length must be even, got {T}")
     if H % k.shape[2]:
         raise ValueError(f"q's {H} heads must be a multiple of k/v's heads, got Hkv={k.shape[2]}")
+    Hkv = k.shape[2]
+    if head_groups is None:
+        head_groups = default_head_groups(Hkv, T * world, B, D, k.element_size())
+    elif isinstance(head_groups, bool) or not isinstance(head_groups, int) or head_groups < 1 or Hkv % head_groups:
+        raise ValueError(f"head_groups must be a positive divisor of k/v's {Hkv} heads, got {head_groups!r}")
     window = checks.check_window_size(window_size, T * world)
     if not torch.compiler.is_compiling():  # each rank reads its own shard's gates, as forgetting_attention does
         checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
@@ -260,7 +326,7 @@ def context_parallel_forgetting_attention(
     key = _options_key(options)
     q, k, v = (x.contiguous() for x in (q, k, v))
     return _ContextParallelAttention.apply(q, k, v, log_fgate.contiguous(), group, sm_scale, threshold, auto_log_eps,
-                                           window, key)
+                                           window, key, head_groups)
 
 
 @dataclass(frozen=True)
@@ -272,6 +338,8 @@ class ContextParallel:
     (RoPE) and the previous token of each of them (a token shift), which crosses shard edges."""
 
     group: dist.ProcessGroup | None = None
+    head_groups: int | None = None
+    """See ``context_parallel_forgetting_attention``."""
     world_size: int = field(init=False)
     rank: int = field(init=False)
 
@@ -287,7 +355,8 @@ class ContextParallel:
                              "documents by gates of exactly 0")
         return context_parallel_forgetting_attention(q, k, v, log_fgate, self.group, sm_scale=sm_scale,
                                                      adaptive_threshold=adaptive_threshold,
-                                                     window_size=window_size, options=options)
+                                                     window_size=window_size, options=options,
+                                                     head_groups=self.head_groups)
 
     def positions(self, T_local: int, device=None) -> torch.Tensor:
         """(T_local,) int64: the global position of each of this rank's tokens."""
