@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -98,7 +99,9 @@ def _worker(args) -> None:
         row = {"preset": args.preset, "degree": world, "seq_len": T, "checkpointing": args.checkpointing,
                "pruning": args.pruning, "fsdp": args.fsdp,
                "step_s": dt, "tokens_per_s": T / dt, "peak_mem_gib": mem.item(),
-               "mfu": flops_per_token(config, T, n_params) * T / dt / (peak * world) if peak else None}
+               # with pruning the kernel skips attention tiles that the FLOP count includes: no MFU
+               "mfu": flops_per_token(config, T, n_params) * T / dt / (peak * world)
+               if peak and not args.pruning else None}
         record(row)
     if args.train_steps:
         from fox_train.data import bundled_documents, tokenize_documents
@@ -114,6 +117,13 @@ def _worker(args) -> None:
             losses.append(loss.item() / world)
         record({"train": True, "preset": args.preset, "degree": world, "seq_len": T, "losses": losses})
     dist.destroy_process_group()
+
+
+def _failure_reason(stderr: str) -> str:
+    """The failing rank's own error line (torchrun's summary after it names only the rank), then the tail."""
+    errors = [line.strip() for line in stderr.splitlines()
+              if re.match(r"^[\w.]*(Error|Exception)\b", line.strip()) and "ChildFailedError" not in line]
+    return (errors[-1] + "\n" if errors else "") + stderr[-1500:]
 
 
 def main(argv=None) -> None:
@@ -159,7 +169,7 @@ def main(argv=None) -> None:
             missing = [T for T in args.lengths if T not in done]
             if missing:
                 oom = failure is not None and "OutOfMemoryError" in failure
-                reason = "out of memory" if oom else (failure or "")[-1500:]
+                reason = "out of memory" if oom else _failure_reason(failure or "")
                 rows.append({"preset": args.preset, "degree": d, "seq_len": missing[0], "failed": reason})
     print(f"{'degree':>6} {'seq_len':>9} {'step s':>8} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9}")
     for r in rows:
