@@ -152,7 +152,6 @@ class StopSignals:
     def __init__(self):
         self.received = 0
         self._previous = {}
-        self._pending = None  # on CUDA: the previous step's reduced flag (host copy, its event)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():  # signal handlers belong to the main thread
@@ -170,21 +169,8 @@ class StopSignals:
 
     def requested(self, fabric) -> int:
         """The signal received (0: none), agreed by all ranks: each stops after the same step. Across ranks
-        this is a collective of each step. On CUDA its result is read one call later, from a host copy made
-        behind the step's work, so that the host does not wait for the step it has just queued (a wait that
-        would leave the GPUs idle while the host then queues the next step); every rank still reads the same
-        value after the same step, and a signal stops the run one step later."""
+        this is a collective and a host sync each step, a small cost next to a multi-device step."""
         if fabric.world_size == 1:
             return self.received
         flag = torch.tensor(float(self.received), device=fabric.device)
-        if fabric.device.type != "cuda":
-            return int(fabric.all_reduce(flag, reduce_op="max").item())
-        flag = fabric.all_reduce(flag, reduce_op="max")
-        host = flag.to("cpu", non_blocking=True)  # into pinned memory, ordered after the collective
-        done = torch.cuda.Event()
-        done.record()
-        previous, self._pending = self._pending, (host, done)
-        if previous is None:
-            return 0
-        previous[1].synchronize()
-        return int(previous[0].item())
+        return int(fabric.all_reduce(flag, reduce_op="max").item())
