@@ -54,6 +54,9 @@ def test_cfg_job_imports_no_torch(tmp_path, _run):
     (["model.hidden_size=1.5"], "model.hidden_size"),
     (["run_name=../x"], "run_name must be a plain folder name"),
     (["tokenize"], "required: input, output"),
+    # found by the config's own check, before the trainer's imports
+    (["global_batch_tokens=1"], "global_batch_tokens must be in [data.seq_len, schedule.total_tokens]"),
+    (["data.order=nope"], "data.order must be one of"),
 ])
 def test_argument_errors_import_no_torch(tmp_path, args, message, _run):
     got, out = _run(args, tmp_path)

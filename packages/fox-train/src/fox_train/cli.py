@@ -225,7 +225,6 @@ def _job(dict_cfg: DictConfig, run_dir: Path) -> str:
     from hydra.types import RunMode
 
     from fox_train.run_dir import Interrupted, claim_run_dir
-    from fox_train.train import train
 
     cfg = _train_config(dict_cfg)
     out = Path(cfg.out_dir).resolve()
@@ -236,8 +235,10 @@ def _job(dict_cfg: DictConfig, run_dir: Path) -> str:
     try:
         if cfg.resume:
             cfg = _resumed(cfg, run_dir)
-        check(cfg)
+        check(cfg)  # before the trainer's imports (torch, Lightning): a refused config answers in seconds
         claim_run_dir(cfg, run_dir)
+        from fox_train.train import train
+
         done = train(cfg, record=lambda d: _save_hydra_record(dict_cfg, d))
     except (OSError, ValueError, ImportError) as e:  # OSError: a missing file, a full or read-only disk
         if HydraConfig.get().mode == RunMode.MULTIRUN:

@@ -12,10 +12,8 @@ import warnings
 from datetime import datetime
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
-from fox_train import checkpoint as ckpt
 from fox_train.config import TrainConfig, load_config, resume_conflicts
 
 
@@ -37,6 +35,8 @@ def claim_run_dir(cfg: TrainConfig, run_dir: Path) -> None:
     """A run directory holds one configuration's checkpoints. Without ``resume``, one that holds checkpoints
     is refused; with it, the saved ``config.yaml`` must agree with ``cfg`` outside ``RESUMABLE`` (the
     command line merges into the saved config: fox_train.cli)."""
+    from fox_train import checkpoint as ckpt  # torch: imported once the config is checked
+
     newest = ckpt.complete_checkpoints(run_dir / "checkpoints")
     if newest and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints (newest {newest[0].name}): resume=true continues "
@@ -172,5 +172,7 @@ class StopSignals:
         this is a collective and a host sync each step, a small cost next to a multi-device step."""
         if fabric.world_size == 1:
             return self.received
+        import torch
+
         flag = torch.tensor(float(self.received), device=fabric.device)
         return int(fabric.all_reduce(flag, reduce_op="max").item())
