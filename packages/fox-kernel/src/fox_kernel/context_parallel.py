@@ -24,10 +24,10 @@ Attention (``context_parallel_forgetting_attention``), the all-gather scheme Lla
 Memory. What a rank holds of the whole sequence does not shrink with more ranks, so the heads are taken in
 groups (``head_groups``; by default the fewest groups whose whole-sequence K|V fits ``GATHER_BYTES``): steps
 1-3 run once per group of key/value heads (with their query heads), so a rank holds one group's gathered K|V
-(and, in the backward, their float32 gradients, twice that) at a time. At 1.5M tokens of a 12-head, D=128
-model that is 0.8 GB and 1.6 GB per head instead of 9.7 GB and 19 GB for all heads at once; at 64k tokens of
-the same model (0.4 GB for all heads) one group takes every head and nothing changes. More groups mean more,
-smaller collectives and kernel calls with fewer heads.
+(and, in the backward, their float32 gradients, twice that) at a time. At 1,572,864 tokens of a 12-head,
+D=128 model in bf16 that is 0.8 GB and 1.6 GB per head instead of 9.7 GB and 19 GB for all heads at once; up
+to about 43k tokens of the same model (6 KB a token for all heads) one group takes every head and nothing
+changes. More groups mean more, smaller collectives and kernel calls with fewer heads.
 
 Adaptive computation pruning works as on one device: each chunk's call skips the key blocks whose decay
 makes them negligible (with ``"auto"``, the bound uses that call's own number of keys, which are all the
