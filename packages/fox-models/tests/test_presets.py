@@ -1,7 +1,11 @@
-"""Presets: the head sizes and baseline shapes of the official LongCrawl64 configs."""
+"""Presets: the head sizes and baseline shapes of the official LongCrawl64 configs; their plain data."""
+
+import ast
+from pathlib import Path
 
 import pytest
 
+from fox_models import preset_fields, registry
 from fox_models.presets import PRESETS, get_preset
 
 
@@ -42,3 +46,14 @@ def test_every_family_has_every_size_and_unknown_names_are_named():
     assert len(PRESETS) == 3 * len(families)
     with pytest.raises(ValueError, match="unknown preset 'samba-1b'"):
         get_preset("samba-1b")
+
+
+def test_the_plain_data_imports_nothing_and_is_every_family_s_presets():
+    """fox-train runs fox_models/preset_fields.py from its file, without the fox_models package (torch)."""
+    tree = ast.parse(Path(preset_fields.__file__).read_text())
+    assert [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))] == []
+    # each family's presets are its part of the data, in the registry's order (SAMBA's nest attn)
+    assert [list(e.presets) for e in registry.MODELS] == [list(p) for p in preset_fields.PRESETS.values()]
+    assert [list(e.tiny) for e in registry.MODELS] == [list(p) for p in preset_fields.TINY.values()]
+    samba = get_preset("samba-760m")
+    assert samba.attn == dict(num_heads=12, num_kv_heads=None, window_size=2048, layers=None)

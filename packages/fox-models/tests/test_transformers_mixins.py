@@ -32,7 +32,7 @@ from fox_models.fox import (
     ForgettingTransformerForCausalLM,
     ForgettingTransformerModel,
 )
-from fox_models.fox.configuration import PRO
+from fox_models.preset_fields import PRO
 from fox_models.transformer import TransformerConfig, TransformerForCausalLM, TransformerModel
 
 ROOT = Path(__file__).resolve().parents[3]

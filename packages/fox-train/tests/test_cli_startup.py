@@ -1,6 +1,7 @@
 """fox-train's start: importing the command line, ``--help``, ``--cfg job`` and errors in the command line or
 the composed config load neither torch, transformers nor fox_models (seconds of imports); the ``model``
-group's values (``PRESET_FIELDS``, written out for that) are fox-models' presets."""
+group's values, read from fox-models' plain-data presets (``fox_models/preset_fields.py``) without importing
+fox_models, are the fields of fox-models' configs."""
 
 import functools
 import subprocess
@@ -64,20 +65,15 @@ def test_argument_errors_import_no_torch(tmp_path, args, message, _run):
     assert message in out
 
 
-def test_preset_fields_are_fox_models_presets():
-    from fox_models.presets import PRESETS, TINY_PRESETS
+def test_the_model_group_holds_the_fields_of_fox_models_configs():
+    from fox_models.presets import PRESETS, TINY_PRESETS, get_preset
 
-    assert list(config.PRESET_FIELDS) == PRESETS + TINY_PRESETS
-    computed = {name: config.preset_fields(name) for name in PRESETS + TINY_PRESETS}
-    stale = {name: computed[name] for name in computed if config.PRESET_FIELDS[name] != computed[name]}
-    assert not stale, f"fox_train.config.PRESET_FIELDS differs from fox-models; its entries should read {stale}"
-
-
-def test_a_stale_preset_entry_is_refused(monkeypatch):
-    monkeypatch.setitem(config.PRESET_FIELDS, "fox-pro-tiny", {**config.PRESET_FIELDS["fox-pro-tiny"], "hidden_ratio": 4})
-    with pytest.raises(ValueError, match=r"PRESET_FIELDS\['fox-pro-tiny'\].*disagrees with fox-models"):
-        config.check(compose([]))
-    config.check(compose(["model=fox-llama-tiny"]))  # the other entries are still checked one by one
+    assert config.preset_names() == PRESETS + TINY_PRESETS
+    for name in PRESETS + TINY_PRESETS:
+        model = get_preset(name)
+        from_config = config.model_fields({k: getattr(model, k, None) for k in config.MODEL_FIELDS})
+        assert config.preset_fields(name) == from_config, name
+        assert compose([f"model={name}"]).model == config.ModelConfig(preset=name, **from_config)
 
 
 def test_compositions_leave_the_stored_presets_as_they_were():
@@ -88,4 +84,4 @@ def test_compositions_leave_the_stored_presets_as_they_were():
     assert (again.hidden_size, again.num_heads) == (128, 4)
     for name in ("mamba2-tiny", "samba-760m"):
         model = compose([f"model={name}"]).model
-        assert {k: getattr(model, k) for k in config.PRESET_FIELDS[name]} == config.PRESET_FIELDS[name]
+        assert {k: getattr(model, k) for k in config.preset_fields(name)} == config.preset_fields(name)

@@ -1,7 +1,7 @@
-"""What the recurrent baselines (HGRN2, DeltaNet, Mamba-2) share: the sizes of HGRN2 and DeltaNet, the decoding
-state of a recurrent layer, the FoX-layout block around a sequence mixer and the backbone's forward (left
-padding, cache, gradient checkpointing). The LM head, loss convention and generation plumbing are those of
-every model (``fox_models.base``); the config fields, those of every config (``fox_models.configuration_base``).
+"""What the recurrent baselines (HGRN2, DeltaNet, Mamba-2) share: the decoding state of a recurrent layer, the
+FoX-layout block around a sequence mixer and the backbone's forward (left padding, cache, gradient
+checkpointing). The LM head, loss convention and generation plumbing are those of every model
+(``fox_models.base``); the config fields, those of every config (``fox_models.configuration_base``).
 
 The sequence mixers run flash-linear-attention's kernels on CUDA when it is installed
 (``pip install fox-models[baselines]``) and a PyTorch recurrence otherwise (``fox_models.recurrent_ops``).
@@ -17,16 +17,6 @@ from fox_layers import RMSNorm, SwiGLUMLP
 from fox_models.base import _FoxPreTrainedBase
 from fox_models.cache import LayerCache, ModelFilledLayer
 from fox_models.compat import GradientCheckpointingLayer, pick_cache
-
-# The paper's HGRN2 and DeltaNet sizes: size -> (hidden, layers, heads); heads of width 128.
-SIZES = {"125m": (768, 12, 6), "360m": (1024, 24, 8), "760m": (1536, 24, 12)}
-
-
-def size_fields(size: str) -> dict:
-    """The fields every HGRN2 and DeltaNet preset of ``size`` sets."""
-    hidden, layers, heads = SIZES[size]
-    return dict(hidden_size=hidden, num_hidden_layers=layers, num_heads=heads, hidden_ratio=4,
-                max_position_embeddings=16384)
 
 
 class RecurrentState(ModelFilledLayer):

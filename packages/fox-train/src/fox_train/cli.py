@@ -39,8 +39,9 @@ from fox_train.config import (
 from fox_train.errors import first_line
 
 # numpy, torch, transformers and fox_models are imported inside the functions that use them (the model
-# group's values are fox_train.config.PRESET_FIELDS): `fox-train --help`, `--cfg job` and an error in the
-# command line or the composed config answer without those imports.
+# group's values come from fox-models' plain-data presets, read by fox_train.config.preset_fields without
+# importing fox_models): `fox-train --help`, `--cfg job` and an error in the command line or the composed
+# config answer without those imports.
 
 
 class RunError(Exception):

@@ -7,6 +7,8 @@ experiments under ``longcrawl64/<dir>/<name>``).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import string
 from dataclasses import dataclass, field, fields
@@ -67,106 +69,6 @@ class ModelConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name not in ("preset", "overrides"))
-
-# Every fox-models preset (the paper's models, then the tiny ones) with the ModelConfig fields that
-# ``model=NAME`` fills in: what ``preset_fields(NAME)`` returns, written out so that registering the ``model``
-# group, composing a config and ``fox-train --help`` import neither torch nor transformers (fox-models'
-# configs need both). tests/test_cli_startup.py checks it against fox-models, and ``check`` refuses a run whose
-# preset's entry disagrees with fox-models (the entry's values would replace the preset's).
-PRESET_FIELDS: dict[str, dict[str, Any]] = {
-    "fox-pro-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=3.5,
-                         use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
-                         qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
-                         use_v_shift=True),
-    "fox-pro-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=3.5,
-                         use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
-                         qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
-                         use_v_shift=True),
-    "fox-pro-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=24, hidden_ratio=3.5,
-                         use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
-                         qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
-                         use_v_shift=True),
-    "fox-llama-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=4,
-                           use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
-                           qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False,
-                           use_v_shift=False),
-    "fox-llama-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=4,
-                           use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
-                           qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False,
-                           use_v_shift=False),
-    "fox-llama-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=24, hidden_ratio=4,
-                           use_rope=False, rope_base=500000.0, fgate_type="full", fgate_bias_init=False,
-                           qk_norm=False, use_output_gate=False, use_output_norm=False, use_k_shift=False,
-                           use_v_shift=False),
-    "transformer-pro-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=3.5,
-                                 use_rope=True, rope_base=500000.0, fgate_type="none", fgate_bias_init=False,
-                                 qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
-                                 use_v_shift=True),
-    "transformer-pro-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=3.5,
-                                 use_rope=True, rope_base=500000.0, fgate_type="none", fgate_bias_init=False,
-                                 qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
-                                 use_v_shift=True),
-    "transformer-pro-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=3.5,
-                                 use_rope=True, rope_base=500000.0, fgate_type="none", fgate_bias_init=False,
-                                 qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True,
-                                 use_v_shift=True),
-    "transformer-llama-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=4,
-                                   rope_base=500000.0),
-    "transformer-llama-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=4,
-                                   rope_base=500000.0),
-    "transformer-llama-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
-                                   rope_base=500000.0),
-    "transformer-swa-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, hidden_ratio=4,
-                                 rope_base=500000.0, window_size=2048),
-    "transformer-swa-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, hidden_ratio=4,
-                                 rope_base=500000.0, window_size=2048),
-    "transformer-swa-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
-                                 rope_base=500000.0, window_size=2048),
-    "mamba2-125m": dict(hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, state_size=128,
-                        expand=2),
-    "mamba2-360m": dict(hidden_size=1024, num_hidden_layers=48, num_heads=32, head_dim=64, state_size=128,
-                        expand=2),
-    "mamba2-760m": dict(hidden_size=1536, num_hidden_layers=48, num_heads=48, head_dim=64, state_size=128,
-                        expand=2),
-    "hgrn2-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6, hidden_ratio=4, expand_ratio=128,
-                       conv_size=4),
-    "hgrn2-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=8, hidden_ratio=4, expand_ratio=128,
-                       conv_size=4),
-    "hgrn2-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
-                       expand_ratio=128, conv_size=4),
-    "delta_net-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=6, hidden_ratio=4,
-                           use_output_norm=True, conv_size=4),
-    "delta_net-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=8, hidden_ratio=4,
-                           use_output_norm=True, conv_size=4),
-    "delta_net-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, hidden_ratio=4,
-                           use_output_norm=True, conv_size=4),
-    "samba-125m": dict(hidden_size=768, num_hidden_layers=12, num_heads=12, rope_base=500000.0,
-                       window_size=2048, state_size=16, expand=2),
-    "samba-360m": dict(hidden_size=1024, num_hidden_layers=24, num_heads=16, rope_base=500000.0,
-                       window_size=2048, state_size=16, expand=2),
-    "samba-760m": dict(hidden_size=1536, num_hidden_layers=24, num_heads=12, rope_base=500000.0,
-                       window_size=2048, state_size=16, expand=2),
-    "fox-pro-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=4, hidden_ratio=3.5, use_rope=False,
-                         rope_base=500000.0, fgate_type="full", fgate_bias_init=False, qk_norm=True,
-                         use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True),
-    "fox-llama-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=4, hidden_ratio=4, use_rope=False,
-                           rope_base=500000.0, fgate_type="full", fgate_bias_init=False, qk_norm=False,
-                           use_output_gate=False, use_output_norm=False, use_k_shift=False,
-                           use_v_shift=False),
-    "transformer-llama-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4,
-                                   rope_base=500000.0),
-    "transformer-swa-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4,
-                                 rope_base=500000.0, window_size=8),
-    "mamba2-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=4, head_dim=64, state_size=16,
-                        expand=2),
-    "hgrn2-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4, expand_ratio=64,
-                       conv_size=4),
-    "delta_net-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, hidden_ratio=4,
-                           use_output_norm=True, conv_size=4),
-    "samba-tiny": dict(hidden_size=128, num_hidden_layers=2, num_heads=2, rope_base=500000.0, window_size=8,
-                       state_size=16, expand=2),
-}
-
 
 @dataclass
 class DataConfig:
@@ -314,23 +216,47 @@ class TrainConfig:
     """Write the Hugging Face model directory (hf/) at the end."""
 
 
-def preset_fields(name: str) -> dict[str, Any]:
-    """The ModelConfig fields of a preset, as ``model=NAME`` fills them in, read from fox-models' config
-    (``PRESET_FIELDS`` holds the same values without importing it)."""
-    from fox_models.presets import get_preset
+@functools.cache
+def _fox_models_presets() -> dict[str, dict[str, Any]]:
+    """Every fox-models preset (the paper's models, then the tiny ones) -> its config fields, from
+    ``fox_models/preset_fields.py``, the presets' plain data. That module imports nothing; it is run from its
+    file under a private name, since importing it as ``fox_models.preset_fields`` would first import the
+    ``fox_models`` package, which loads torch and transformers (seconds of ``fox-train --help``).
+    ``find_spec`` of the top-level package only locates it."""
+    spec = importlib.util.find_spec("fox_models")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("fox-train needs fox-models (the package fox_models was not found)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "preset_fields.py"
+    module_spec = importlib.util.spec_from_file_location("_fox_train_preset_fields", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return {name: fields for part in (module.PRESETS, module.TINY) for family in part.values()
+            for name, fields in family.items()}
 
-    config = get_preset(name)
+
+def model_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields among a model config's ``values`` (None and values of another kind left out:
+    DeltaNet's ``qk_norm`` is "l2", not ours to set)."""
     hints = get_type_hints(ModelConfig)
     found = {}
     for k in MODEL_FIELDS:
-        value = getattr(config, k, None)
+        value = values.get(k)
         kinds = tuple(t for t in get_args(hints[k]) if t is not type(None))
         if float in kinds:
             kinds += (int,)
-        # a field of the same name but another meaning (DeltaNet's qk_norm is "l2") is not ours to set
         if value is not None and isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds):
             found[k] = value
     return found
+
+
+def preset_names() -> list[str]:
+    """Every fox-models preset: the paper's models, then the tiny ones."""
+    return list(_fox_models_presets())
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """The ModelConfig fields of a preset, as ``model=NAME`` fills them in (read without importing torch)."""
+    return model_fields(_fox_models_presets()[name])
 
 
 class _SharedRepo(dict):
@@ -349,8 +275,8 @@ def register() -> None:
     if not isinstance(cs.repo, _SharedRepo):
         cs.repo = _SharedRepo(cs.repo)
     cs.store(name="train_schema", node=TrainConfig)
-    for name, values in PRESET_FIELDS.items():
-        cs.store(group="model", name=name, node=ModelConfig(preset=name, **values))
+    for name in preset_names():
+        cs.store(group="model", name=name, node=ModelConfig(preset=name, **preset_fields(name)))
     for name in ("bundled", "tokens", "text", "longcrawl64", "hf"):
         cs.store(group="data", name=name, node=DataConfig(source=name))
     cs.store(group="optimizer", name="adamw", node=OptimizerConfig())
@@ -436,16 +362,7 @@ def check(cfg: TrainConfig) -> None:
         if s.warmup_tokens + s.anneal_tokens > s.total_tokens:
             raise ValueError(f"schedule.warmup_tokens + schedule.anneal_tokens must not exceed schedule.total_tokens, "
                              f"got {s.warmup_tokens} + {s.anneal_tokens} > {s.total_tokens}")
-    check_preset_fields(cfg.model.preset)
     model_config(cfg.model)
-
-
-def check_preset_fields(name: str) -> None:
-    """ValueError when ``PRESET_FIELDS[name]`` differs from fox-models' preset ``name``: ``model=NAME`` would
-    fill in the table's values, and they would replace the preset's."""
-    if name in PRESET_FIELDS and PRESET_FIELDS[name] != preset_fields(name):
-        raise ValueError(f"fox_train.config.PRESET_FIELDS[{name!r}] = {PRESET_FIELDS[name]} disagrees with "
-                         f"fox-models' preset, {preset_fields(name)}: update the table")
 
 
 def model_config(cfg: ModelConfig):

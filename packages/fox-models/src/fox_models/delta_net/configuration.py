@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import _FoxLayoutConfig, require_int, require_positive
-from fox_models.recurrent import SIZES, size_fields
 
 
 class DeltaNetConfig(_FoxLayoutConfig):
@@ -61,6 +61,6 @@ class DeltaNetConfig(_FoxLayoutConfig):
         super().__init__(hidden_size=hidden_size, **kwargs)
 
 
-# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): short convolutions of 4
-PRESETS = {f"delta_net-{size}": dict(size_fields(size), conv_size=4) for size in SIZES}
-TINY = {"delta_net-tiny": dict(PRESETS["delta_net-760m"], hidden_size=128, num_hidden_layers=2, num_heads=2)}
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary)
+PRESETS = preset_fields.PRESETS["delta_net"]
+TINY = preset_fields.TINY["delta_net"]

@@ -4,6 +4,7 @@ named configs (the paper's models)."""
 from __future__ import annotations
 
 from fox_kernel import check_log_tolerance, require_window_size
+from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxLayoutConfig,
@@ -126,31 +127,7 @@ class ForgettingTransformerConfig(_DecoderConfig):
         )
 
 
-# The paper's sizes, as in the official LongCrawl64 experiment configs (``configs/experiment/longcrawl64/**``
-# of the reference repository): size -> (hidden, layers, FoX heads); FoX uses head dim 64 at every size.
-SIZES = {"125m": (768, 12, 12), "360m": (1024, 24, 16), "760m": (1536, 24, 24)}
-# The Transformers use head dim 64 at 125M/360M (as FoX) and 128 at 760M (12 heads).
-TRANSFORMER_HEADS = {"125m": 12, "360m": 16, "760m": 12}
-
-PRO = dict(qk_norm=True, use_output_gate=True, use_output_norm=True, use_k_shift=True, use_v_shift=True,
-           hidden_ratio=3.5)
-
-
-def size_fields(size: str, num_heads: int) -> dict:
-    """The fields every FoX-layout preset of ``size`` sets."""
-    hidden, layers, _ = SIZES[size]
-    return dict(hidden_size=hidden, num_hidden_layers=layers, num_heads=num_heads, max_position_embeddings=16384)
-
-
-# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary). Transformer (Pro) is FoX (Pro) without
-# forget gate and with RoPE: a FoX config.
-PRESETS = {
-    **{f"fox-pro-{size}": dict(size_fields(size, heads), **PRO) for size, (_, _, heads) in SIZES.items()},
-    **{f"fox-llama-{size}": dict(size_fields(size, heads), hidden_ratio=4) for size, (_, _, heads) in SIZES.items()},
-    **{f"transformer-pro-{size}": dict(size_fields(size, TRANSFORMER_HEADS[size]), **PRO, fgate_type="none",
-                                       use_rope=True) for size in SIZES},
-}
-TINY = {
-    "fox-pro-tiny": dict(PRESETS["fox-pro-125m"], hidden_size=128, num_hidden_layers=2, num_heads=4),
-    "fox-llama-tiny": dict(PRESETS["fox-llama-125m"], hidden_size=128, num_hidden_layers=2, num_heads=4),
-}
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): FoX (Pro and LLaMA), and the
+# Transformer (Pro), which is FoX (Pro) without forget gate and with RoPE
+PRESETS = preset_fields.PRESETS["fox"]
+TINY = preset_fields.TINY["fox"]

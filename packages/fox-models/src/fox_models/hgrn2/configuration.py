@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import _FoxLayoutConfig, require_divides, require_int
-from fox_models.recurrent import SIZES, size_fields
 
 
 class HGRN2Config(_FoxLayoutConfig):
@@ -54,7 +54,6 @@ class HGRN2Config(_FoxLayoutConfig):
         super().__init__(hidden_size=hidden_size, **kwargs)
 
 
-# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): expand ratio 128
-PRESETS = {f"hgrn2-{size}": dict(size_fields(size), expand_ratio=128) for size in SIZES}
-TINY = {"hgrn2-tiny": dict(PRESETS["hgrn2-760m"], hidden_size=128, num_hidden_layers=2, num_heads=2,
-                           expand_ratio=64)}
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary)
+PRESETS = preset_fields.PRESETS["hgrn2"]
+TINY = preset_fields.TINY["hgrn2"]

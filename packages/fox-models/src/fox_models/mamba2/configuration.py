@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from fox_models import preset_fields
 from fox_models.configuration_base import _FoxConfigBase, require_int, require_ordered, require_positive
 
 
@@ -79,15 +80,6 @@ class Mamba2Config(_FoxConfigBase):
                          initializer_range=initializer_range, pad_token_id=pad_token_id, **kwargs)
 
 
-# The paper's Mamba-2 sizes: size -> (hidden, layers, heads); heads of width 64, state 128, expand 2, one
-# group, chunk 256.
-SIZES = {"125m": (768, 24, 24), "360m": (1024, 48, 32), "760m": (1536, 48, 48)}
-
 # preset name -> fields (fox_models.presets adds the GPT-2 vocabulary)
-PRESETS = {
-    f"mamba2-{size}": dict(hidden_size=hidden, num_hidden_layers=layers, num_heads=heads, head_dim=64,
-                           state_size=128, expand=2, n_groups=1, chunk_size=256, initializer_range=0.02)
-    for size, (hidden, layers, heads) in SIZES.items()
-}
-TINY = {"mamba2-tiny": dict(PRESETS["mamba2-760m"], hidden_size=128, num_hidden_layers=2, num_heads=4, head_dim=64,
-                            state_size=16)}
+PRESETS = preset_fields.PRESETS["mamba2"]
+TINY = preset_fields.TINY["mamba2"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from fox_kernel import require_window_size
+from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
     _FoxConfigBase,
@@ -13,7 +14,6 @@ from fox_models.configuration_base import (
     require_ordered,
     require_positive,
 )
-from fox_models.fox.configuration import SIZES, TRANSFORMER_HEADS
 
 _ATTN_KEYS = ("num_heads", "num_kv_heads", "window_size", "layers")
 
@@ -173,21 +173,13 @@ class SambaConfig(_FoxConfigBase):
         return 4 if ratio is None else ratio
 
 
-def size_fields(size: str) -> dict:
-    """SAMBA at the paper's sizes: FoX's hidden size and depth (half the layers Mamba, half attention), the
-    attention layers shaped as the Transformer's (head dim 64 at 125M/360M, 128 at 760M), window 2048."""
-    hidden, layers, _ = SIZES[size]
-    return dict(hidden_size=hidden, num_hidden_layers=layers,
-                attn=dict(num_heads=TRANSFORMER_HEADS[size], num_kv_heads=None, window_size=2048, layers=None))
+def _nested(fields: dict) -> dict:
+    """A preset's fields with the attention layers' (flat in ``fox_models.preset_fields``) under ``attn``, as
+    the reference's configs give them."""
+    flat = {k: v for k, v in fields.items() if k not in _ATTN_KEYS}
+    return dict(flat, attn={k: fields.get(k) for k in _ATTN_KEYS})
 
 
-# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary); samba-760m is the official
-# configs/experiment/longcrawl64/samba/760m_16b.yaml with the defaults of configs/model/samba.py
-PRESETS = {
-    f"samba-{size}": dict(size_fields(size), state_size=16, expand=2, conv_kernel=4, norm_eps=1e-5,
-                          attn_hidden_ratio=4, mamba_hidden_ratio=3, rope_base=500000.0, time_step_rank="auto",
-                          rescale_prenorm_residual=True, pad_token_id=None, max_position_embeddings=16384)
-    for size in SIZES
-}
-TINY = {"samba-tiny": dict(PRESETS["samba-125m"], hidden_size=128, num_hidden_layers=2,
-                           attn=dict(num_heads=2, num_kv_heads=None, window_size=8, layers=None))}
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary)
+PRESETS = {name: _nested(fields) for name, fields in preset_fields.PRESETS["samba"].items()}
+TINY = {name: _nested(fields) for name, fields in preset_fields.TINY["samba"].items()}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
-from fox_models.fox.configuration import SIZES, TRANSFORMER_HEADS, _DecoderConfig, size_fields
+from fox_models.fox.configuration import _DecoderConfig
 
 
 class TransformerConfig(_DecoderConfig):
@@ -23,13 +24,7 @@ class TransformerConfig(_DecoderConfig):
         )
 
 
-# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary); Transformer (Pro) is a FoX config
-PRESETS = {f"transformer-llama-{size}": dict(size_fields(size, TRANSFORMER_HEADS[size]), hidden_ratio=4)
-           for size in SIZES}
-# Transformer-SWA: the official configs' window of 2048 (configs/experiment/longcrawl64/transformer_swa)
-PRESETS.update({f"transformer-swa-{size}": dict(PRESETS[f"transformer-llama-{size}"], window_size=2048)
-                for size in SIZES})
-TINY = {"transformer-llama-tiny": dict(PRESETS["transformer-llama-125m"], hidden_size=128, num_hidden_layers=2,
-                                       num_heads=2),
-        "transformer-swa-tiny": dict(PRESETS["transformer-llama-125m"], hidden_size=128, num_hidden_layers=2,
-                                     num_heads=2, window_size=8)}
+# preset name -> fields (fox_models.presets adds the GPT-2 vocabulary): the Transformer (LLaMA) and
+# Transformer-SWA; the Transformer (Pro) is a FoX config (fox_models.fox)
+PRESETS = preset_fields.PRESETS["transformer"]
+TINY = preset_fields.TINY["transformer"]
