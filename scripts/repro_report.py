@@ -475,17 +475,37 @@ def limits_of_the_run(rs: dict[str, dict], labels: dict[str, str], L: int) -> li
         if ratio <= FLAT_PAST_L:
             out.append(f"- {labels[m]}'s L(i) does not rise past L here (ratio {ratio:.3f}): the paper's RoPE "
                        "extrapolation failure is not reproduced at this budget.")
+    curves = {m: np.asarray(rs[m]["curve"]) for m in labels if "curve" in rs[m]}
+    if "fox_pro" in curves:
+        for m in (m for m in curves if m in RECURRENT):
+            g, f = context_gain(curves[m], L), context_gain(curves["fox_pro"], L)
+            if g >= f:
+                out.append(f"- {labels[m]}'s L(i) falls at least as much past {L // 16:,} as FoX (Pro)'s ({g:+.4f} vs {f:+.4f} nats): "
+                           "with gates this fast, FoX uses no more context than a fixed-size recurrent state, so the "
+                           "paper's plateau of the recurrent models is not reproduced at this budget.")
     needles = [rs[m]["evaluation"]["needle"]["found_all"] for m in labels if "needle" in rs[m]["evaluation"]]
     if needles and max(needles) == 0:
         out.append("- No model reproduces a single needle at any length: retrieval is not measured by this run.")
     return out + [""]
 
 
+RECURRENT = ("delta_net", "mamba2", "hgrn2")
+"""The paper-scale models whose state is of fixed size: their L(i) should stop falling earlier than FoX's."""
+
+
+def context_gain(curve: np.ndarray, L: int) -> float:
+    """How much L(i) still falls between L/16 and L: the mean over [L/16, L/8) minus the mean over [L/2, L).
+    Octave-wide windows, because single positions of a few dozen documents are noisy; a model that no longer
+    uses context past L/16 (a recurrent state that is full) gains about 0."""
+    return float(curve[L // 16 : L // 8].mean() - curve[L // 2 : L].mean())
+
+
 def paper_targets(ev: dict, labels: dict[str, str], L: int, curves: dict[str, np.ndarray] | None = None) -> list[str]:
     """Issue 51's targets beyond the small scale's orderings: FoX (Pro) at or below the Transformer (LLaMA)
     at every position to L (L(i) over 256-token windows), the RoPE Transformer rising past L while FoX does
-    not, the needle within L (not met when neither model finds one) and pruning at the evaluation length
-    (rows of the table that targets() starts)."""
+    not, a recurrent baseline gaining less from context than FoX (``context_gain``), the needle within L (not
+    met when neither model finds one) and pruning at the evaluation length (rows of the table that targets()
+    starts)."""
     m, rows = ev["models"], []
     curves = curves or {}
     if "fox_pro" in curves and "transformer_llama" in curves:
@@ -500,6 +520,11 @@ def paper_targets(ev: dict, labels: dict[str, str], L: int, curves: dict[str, np
         f, t = m["fox_pro"]["end_over_L"], m["transformer_llama"]["end_over_L"]
         rows.append(("Past L: Transformer (LLaMA) L(i) rises (> 1%) while FoX (Pro)'s stays within 1%",
                      f"ratio {t:.3f} vs {f:.3f}", t > FLAT_PAST_L and f <= FLAT_PAST_L))
+    for r in (name for name in curves if name in RECURRENT and "fox_pro" in curves):
+        g_fox, g_rec = context_gain(curves["fox_pro"], L), context_gain(curves[r], L)
+        rows.append((f"{labels[r]} (recurrent) gains less from context past {L // 16:,} than FoX (Pro): L(i) over "
+                     f"[{L // 16:,}, {L // 8:,}) minus over [{L // 2:,}, {L:,})", f"{g_rec:+.4f} vs {g_fox:+.4f}",
+                     g_rec < g_fox))
     if "needle" in m.get("fox_pro", {}) and "needle" in m.get("transformer_llama", {}):
         def within(n):
             return float(np.mean([v for k, v in n["found_by_length"].items() if int(k) <= L]))

@@ -173,3 +173,20 @@ def test_paper_arguments(tmp_path):
     assert r.returncode != 0 and "--models: unknown ['mamba9']" in r.stderr and "delta_net" in r.stderr
     r = reproduce("report", "--scale", "paper-125m", out=tmp_path)
     assert r.returncode != 0 and "no per-model results" in r.stderr
+
+
+def test_context_gain_separates_a_plateau_from_a_falling_curve():
+    """The recurrent-baseline target compares how much L(i) still falls between L/16 and L: a curve that
+    keeps falling with log position gains, one that is flat past L/16 gains nothing, on noisy random curves."""
+    from repro_report import context_gain
+
+    rng = np.random.default_rng(3)
+    L = 4096
+    pos = np.arange(1, 2 * L + 1)
+    noise = rng.normal(0, 0.01, pos.size)
+    falling = 5.0 - 0.1 * np.log(pos) + noise
+    plateau = np.where(pos < L // 16, 5.0 - 0.1 * np.log(pos), 5.0 - 0.1 * np.log(L // 16)) + noise
+    a, b = context_gain(falling, L), context_gain(plateau, L)
+    expected = 0.1 * (np.log(pos[L // 2 : L]).mean() - np.log(pos[L // 16 : L // 8]).mean())  # about 0.1 ln 6
+    assert abs(a - expected) < 0.005 and a > 0.15
+    assert abs(b) < 0.005 and b < a
