@@ -1,11 +1,13 @@
 """Side-by-side speed of Forgetting Attention contenders (protocol of BENCHMARKS.md).
 
 Times SDPA (cuDNN and flash backends, no gate: the ceiling), FlexAttention with a FoX score_mod,
-flash-linear-attention's ``parallel_forgetting_attn`` (if installed) and ours, forward and
-forward+backward, at B*T = 16384 tokens and H*D = 2048; a GQA case; pruning (ACP) with fast and slow
-gates. Prints a table and writes JSON.
+flash-linear-attention's ``parallel_forgetting_attn`` (if installed), the official FoX kernel (given
+``--official PATH``, a local copy of the pruning paper's ``forgetting_attention.py``; not shipped) and ours,
+forward and forward+backward, at B*T = 16384 tokens and H*D = 2048; a GQA case; pruning (ACP) with fast and
+slow gates, where the official kernel and ours also run with one per-head bound, the same for both. Prints a
+table and writes JSON.
 
-    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick]
+    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import current_options, forgetting_attention
+from fox_kernel.pruning import pruning_threshold
 
 
 def _flops(B, H, T, D, mode):
@@ -105,7 +108,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="only T=4k and 16k")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--decode-only", action="store_true", help="only the decoding cases")
+    ap.add_argument("--official", help="path of the official FoX kernel's forgetting_attention.py (pruning paper)")
     args = ap.parse_args()
+    official = None
+    if args.official:
+        from bench_pruning import _load_official  # the same file, loaded the same way as bench_pruning's
+
+        official = _load_official(args.official)
     if args.decode_only:
         decode = bench_decode()
         with open(args.out, "w") as f:
@@ -119,6 +128,8 @@ def main():
         contenders["fla"] = _fla()
     except ImportError:
         print("fla not installed: skipping parallel_forgetting_attn")
+    if official is not None:
+        contenders["official"] = lambda q, k, v, lf: official(q, k, v, lf)
     contenders["fox one-pass"] = _ours("fused")  # opt-in backward with atomic dQ (same forward)
     contenders["fox (ours)"] = _ours()
 
@@ -150,13 +161,23 @@ def main():
         torch.manual_seed(0)
         inputs = _inputs(B, T, H, H, D, gate_shift=shift)
         mean = inputs[3].mean().item()
+        # one bound per head for both kernels: the q/k-norm bound of the whole row (ln eps = -10)
+        per_head = pruning_threshold(inputs[0], inputs[1], D**-0.5, T).amin(dim=0)
         for mode in ("fwd", "fwd+bwd"):
+            flops = _flops(B, H, T, D, mode)
             base = _time(_ours(), inputs, mode)
             pruned = _time(_ours(adaptive_threshold="auto"), inputs, mode)
-            flops = _flops(B, H, T, D, mode)
-            acp.append(dict(gates=label, mean_log_f=mean, mode=mode, tflops_exact=flops / base / 1e9,
-                            tflops_effective_pruned=flops / pruned / 1e9, speedup=base / pruned))
-            print(f"ACP {label:30s} {mode:8s} exact {flops / base / 1e9:6.1f}  pruned(eff) {flops / pruned / 1e9:6.1f}  x{base / pruned:.2f}")
+            row = dict(gates=label, mean_log_f=mean, mode=mode, tflops_exact=flops / base / 1e9,
+                       tflops_effective_pruned=flops / pruned / 1e9, speedup=base / pruned)
+            if official is not None:
+                timed = {"ours per-head": _time(_ours(adaptive_threshold=per_head), inputs, mode),
+                         "official exact": _time(contenders["official"], inputs, mode),
+                         "official per-head": _time(lambda q, k, v, lf: official(q, k, v, lf, adaptive_threshold=per_head),
+                                                    inputs, mode)}
+                row.update({f"tflops_effective {name}": flops / ms / 1e9 for name, ms in timed.items()})
+            acp.append(row)
+            print(f"ACP {label:30s} {mode:8s} " + "  ".join(f"{k.replace('tflops_', '')} {v:6.1f}" for k, v in row.items()
+                                                           if k.startswith("tflops")) + f"  x{base / pruned:.2f}")
 
     decode = bench_decode()
     env = _env()
