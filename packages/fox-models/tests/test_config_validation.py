@@ -1,8 +1,12 @@
-"""Config fields out of range raise one ValueError line naming the field, what was expected and what came; the
-released and preset configs still build. Token ids outside the vocabulary are named as such (CPU tensors)."""
+"""Config fields out of range raise one ValueError line naming the field, what was expected and what came (a
+ConfigFieldError carrying the field's keyword argument where one field is refused); the released and preset
+configs still build. Token ids outside the vocabulary are named as such (CPU tensors)."""
+
+import pickle
 
 import pytest
 
+from fox_models.configuration_base import ConfigFieldError
 from fox_models.delta_net.configuration import DeltaNetConfig
 from fox_models.fox.configuration import ForgettingTransformerConfig
 from fox_models.hgrn2.configuration import HGRN2Config
@@ -28,9 +32,10 @@ def _one_line(error):
     ("initializer_range", -0.02, "a finite number >= 0"),
 ])
 def test_shared_fields_out_of_range(cls, field, value, expected):
-    with pytest.raises(ValueError, match=rf"^{field} must be {expected}, got {value!r}$") as error:
+    with pytest.raises(ConfigFieldError, match=rf"^{field} must be {expected}, got {value!r}$") as error:
         cls(**{field: value})
     _one_line(error)
+    assert error.value.field == field
 
 
 @pytest.mark.parametrize("cls", LAYOUT, ids=lambda c: c.model_type)
@@ -41,9 +46,10 @@ def test_shared_fields_out_of_range(cls, field, value, expected):
     ("max_position_embeddings", -1, "an int >= 1 or None"),
 ])
 def test_layout_fields_out_of_range(cls, field, value, expected):
-    with pytest.raises(ValueError, match=rf"^{field} must be {expected}, got {value!r}$") as error:
+    with pytest.raises(ConfigFieldError, match=rf"^{field} must be {expected}, got {value!r}$") as error:
         cls(**{field: value})
     _one_line(error)
+    assert error.value.field == field
 
 
 def test_hidden_ratio_may_be_none_with_an_intermediate_size():
@@ -85,6 +91,43 @@ def test_family_fields_out_of_range(cls, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern) as error:
         cls(**kwargs)
     _one_line(error)
+
+
+@pytest.mark.parametrize("cls, kwargs, field", [
+    (ForgettingTransformerConfig, dict(hidden_size=100, num_heads=3), "hidden_size"),
+    (ForgettingTransformerConfig, dict(num_heads=8, num_kv_heads=3), "num_heads"),
+    (ForgettingTransformerConfig, dict(fgate_type="nope"), "fgate_type"),
+    (ForgettingTransformerConfig, dict(fgate_type="bias_only"), "decay_time_min"),
+    (ForgettingTransformerConfig, dict(log_pruning_tolerance=2.0), "log_pruning_tolerance"),
+    (ForgettingTransformerConfig, dict(window_size=0), "window_size"),
+    (DeltaNetConfig, dict(use_gate=True), "use_gate"),
+    (HGRN2Config, dict(expand_ratio=4096), "expand_ratio"),
+    (HGRN2Config, dict(use_short_conv=True), "use_short_conv"),
+    (Mamba2Config, dict(num_heads=3), "num_heads"),
+    (Mamba2Config, dict(time_step_min=0.5, time_step_max=0.1), "time_step_min"),
+    (SambaConfig, dict(num_heads=4, window_size=0), "window_size"),
+    (SambaConfig, dict(num_heads=0), "attn"),
+    (SambaConfig, dict(attn=dict(num_heads=4, layers=[1])), "attn"),
+    (SambaConfig, dict(time_step_init_scheme="nope"), "time_step_init_scheme"),
+])
+def test_a_refused_value_names_its_keyword_argument(cls, kwargs, field):
+    """The field a caller names in its own terms (fox-train: ``model.overrides.use_gate``); the message begins
+    with it."""
+    with pytest.raises(ConfigFieldError) as error:
+        cls(**kwargs)
+    assert error.value.field == field and str(error.value).startswith(field)
+    copy = pickle.loads(pickle.dumps(error.value))
+    assert (copy.field, str(copy)) == (field, str(error.value))
+
+
+@pytest.mark.parametrize("cls, kwargs", [
+    (DeltaNetConfig, dict(num_heads=3)),  # int(hidden_size * expand_k) and num_heads
+    (HGRN2Config, dict(num_heads=None, expand_ratio=None)),  # one of two
+])
+def test_a_refusal_of_no_one_field_is_a_plain_value_error(cls, kwargs):
+    with pytest.raises(ValueError) as error:
+        cls(**kwargs)
+    assert not isinstance(error.value, ConfigFieldError)
 
 
 @pytest.mark.parametrize("name", PRESETS + TINY_PRESETS)

@@ -5,32 +5,83 @@ RMSNorm) that FoX, the Transformer, HGRN2 and DeltaNet are built of.
 A family's config subclasses one of them, sets its own fields and passes every other keyword on; it names a
 shared field only where its released default differs (Mamba-2's ``initializer_range=0.1``) or where its own
 checks read it (``hidden_size``).
+
+A value a config refuses raises ``ConfigFieldError`` (a ValueError) naming the keyword argument it belongs to,
+where there is one, so that a caller can say where that argument was set (fox-train: ``model.hidden_size``,
+``model.overrides.norm_eps``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
-from fox_layers import require_int, require_positive
+import fox_kernel
+import fox_layers
 from fox_models.compat import ConfigBase
 
 
-def require_divides(name: str, value: int, multiple_name: str, multiple: int) -> None:
-    """``multiple`` (named ``multiple_name``) is a multiple of ``value`` (named ``name``), both ints >= 1."""
+class ConfigFieldError(ValueError):
+    """A config's refusal of the value of one keyword argument, ``field``. The message begins with the field's
+    name ("hidden_size must be an int >= 1, got -1")."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self):  # pickled (sent between processes) with its field
+        return type(self), (self.field, str(self))
+
+
+@contextlib.contextmanager
+def refusing(field: str):
+    """A ValueError raised inside (a check of fox_layers or fox_kernel, whose message begins with ``field``)
+    becomes a ``ConfigFieldError`` of ``field``."""
+    try:
+        yield
+    except ConfigFieldError:
+        raise
+    except ValueError as e:
+        raise ConfigFieldError(field, str(e)) from None
+
+
+def require_int(name: str, value, low: int = 1, *, optional: bool = False, field: str | None = None) -> None:
+    """``fox_layers.require_int``, refusing as a ``ConfigFieldError`` of ``field`` (default ``name``)."""
+    with refusing(field or name):
+        fox_layers.require_int(name, value, low, optional=optional)
+
+
+def require_positive(name: str, value, *, optional: bool = False) -> None:
+    """``fox_layers.require_positive``, refusing as a ``ConfigFieldError`` of ``name``."""
+    with refusing(name):
+        fox_layers.require_positive(name, value, optional=optional)
+
+
+def require_window_size(window_size) -> None:
+    """``fox_kernel.require_window_size``, refusing as a ``ConfigFieldError`` of ``window_size``."""
+    with refusing("window_size"):
+        fox_kernel.require_window_size(window_size)
+
+
+def require_divides(name: str, value: int, multiple_name: str, multiple: int, *,
+                    field: str | None = None) -> None:
+    """``multiple`` (named ``multiple_name``) is a multiple of ``value`` (named ``name``), both ints >= 1; the
+    refusal is of ``field`` (default ``multiple_name``)."""
     if multiple % value:
-        raise ValueError(f"{multiple_name} must be a multiple of {name} {value}, got {multiple}")
+        raise ConfigFieldError(field or multiple_name,
+                               f"{multiple_name} must be a multiple of {name} {value}, got {multiple}")
 
 
 def require_choice(name: str, value, choices: tuple) -> None:
     """``value`` is one of ``choices`` (the values the code that reads the field acts on)."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        raise ConfigFieldError(name, f"{name} must be one of {choices}, got {value!r}")
 
 
 def require_ordered(low_name: str, low, high_name: str, high) -> None:
     """``low <= high`` where both are given (a range's bounds)."""
     if low is not None and high is not None and low > high:
-        raise ValueError(f"{low_name} must be <= {high_name} {high}, got {low}")
+        raise ConfigFieldError(low_name, f"{low_name} must be <= {high_name} {high}, got {low}")
 
 
 class _FoxConfigBase(ConfigBase):
@@ -54,13 +105,17 @@ class _FoxConfigBase(ConfigBase):
         **kwargs,
     ):
         if hidden_act not in ("swish", "silu"):
-            raise ValueError(f"hidden_act must be 'swish' or 'silu' (the same function), got {hidden_act!r}")
+            raise ConfigFieldError("hidden_act",
+                                   "hidden_act must be 'swish' or 'silu' (the same function), got "
+                                   f"{hidden_act!r}")
         require_int("vocab_size", vocab_size)
         require_int("hidden_size", hidden_size)
         require_int("num_hidden_layers", num_hidden_layers)
         if isinstance(initializer_range, bool) or not isinstance(initializer_range, (int, float)) \
                 or not math.isfinite(initializer_range) or initializer_range < 0:
-            raise ValueError(f"initializer_range must be a finite number >= 0, got {initializer_range!r}")
+            raise ConfigFieldError("initializer_range",
+                                   "initializer_range must be a finite number >= 0, got "
+                                   f"{initializer_range!r}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers

@@ -367,7 +367,10 @@ def check(cfg: TrainConfig) -> None:
 
 def model_config(cfg: ModelConfig):
     """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied.
-    A field the config refuses is named as it is set here: ``model.hidden_size``, ``model.overrides.norm_eps``."""
+    A field the config refuses is named as it is set here: ``model.hidden_size``, ``model.overrides.norm_eps``
+    (fox-models' ``ConfigFieldError`` names the keyword argument); a refusal of no one field names the
+    preset (``model=NAME: ...``)."""
+    from fox_models.configuration_base import ConfigFieldError
     from fox_models.presets import get_preset
 
     config = get_preset(cfg.preset)
@@ -377,14 +380,19 @@ def model_config(cfg: ModelConfig):
             raise ValueError(f"model.{k} is not a field of {cfg.preset} ({type(config).__name__})")
     try:
         return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
-    except ValueError as e:
+    except ConfigFieldError as e:
+        if e.field in cfg.overrides:
+            where = f"model.overrides.{e.field}"
+        elif e.field in MODEL_FIELDS:
+            where = f"model.{e.field}"
+        else:
+            raise ValueError(f"model={cfg.preset}: {e}") from None
+        # the message begins with the field's name, which becomes the name the command line sets it by
         message = str(e)
-        field_name = message.split(" ", 1)[0]
-        if field_name in cfg.overrides:
-            raise ValueError(f"model.overrides.{message}") from None
-        if field_name in MODEL_FIELDS:
-            raise ValueError(f"model.{message}") from None
-        raise ValueError(f"model={cfg.preset}: {message}") from None
+        raise ValueError(where + message[len(e.field):] if message.startswith(e.field) else f"{where}: {message}") \
+            from None
+    except ValueError as e:
+        raise ValueError(f"model={cfg.preset}: {e}") from None
 
 
 # Keys whose value may change when a run resumes (``resume=true key=value``): how long it trains (extending

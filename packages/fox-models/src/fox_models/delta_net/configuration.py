@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
-from fox_models.configuration_base import _FoxLayoutConfig, require_int, require_positive
+from fox_models.configuration_base import ConfigFieldError, _FoxLayoutConfig, require_int, require_positive
 
 
 class DeltaNetConfig(_FoxLayoutConfig):
@@ -35,7 +35,8 @@ class DeltaNetConfig(_FoxLayoutConfig):
                            qk_activation=(qk_activation, "silu"), use_short_conv=(use_short_conv, True))
         for name, (got, want) in unsupported.items():
             if got != want:
-                raise ValueError(f"{name}={got!r} is not supported (the paper's DeltaNet uses {want!r})")
+                raise ConfigFieldError(name, f"{name}={got!r} is not supported (the paper's DeltaNet uses "
+                                             f"{want!r})")
         require_int("hidden_size", hidden_size)
         require_int("num_heads", num_heads)
         require_positive("expand_k", expand_k)

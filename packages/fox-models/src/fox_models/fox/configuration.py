@@ -3,16 +3,19 @@ named configs (the paper's models)."""
 
 from __future__ import annotations
 
-from fox_kernel import check_log_tolerance, require_window_size
+from fox_kernel import check_log_tolerance
 from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
+    ConfigFieldError,
     _FoxLayoutConfig,
+    refusing,
     require_choice,
     require_divides,
     require_int,
     require_ordered,
     require_positive,
+    require_window_size,
 )
 
 # What ForgettingAttentionLayer acts on (fox_layers exports neither set; tests compare them with the layer's):
@@ -94,10 +97,13 @@ class ForgettingTransformerConfig(_DecoderConfig):
         if (fgate_type in ("bias_only", "fixed") or (fgate_type == "full" and fgate_bias_init)) and \
                 (decay_time_min is None or decay_time_max is None):
             init = f"fgate_type={fgate_type!r}" + (" with fgate_bias_init=True" if fgate_type == "full" else "")
-            raise ValueError(f"decay_time_min and decay_time_max must both be set for {init} (the gate bias's "
-                             f"decay-time init), got {decay_time_min!r} and {decay_time_max!r}")
+            raise ConfigFieldError("decay_time_min",
+                                   f"decay_time_min and decay_time_max must both be set for {init} (the "
+                                   f"gate bias's decay-time init), got {decay_time_min!r} and "
+                                   f"{decay_time_max!r}")
         if log_pruning_tolerance is not None:
-            check_log_tolerance(log_pruning_tolerance)
+            with refusing("log_pruning_tolerance"):
+                check_log_tolerance(log_pruning_tolerance)
         self.use_rope = use_rope
         self.use_output_gate = use_output_gate
         self.ogate_act = ogate_act

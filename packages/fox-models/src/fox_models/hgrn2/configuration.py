@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
-from fox_models.configuration_base import _FoxLayoutConfig, require_divides, require_int
+from fox_models.configuration_base import ConfigFieldError, _FoxLayoutConfig, require_divides, require_int
 
 
 class HGRN2Config(_FoxLayoutConfig):
@@ -27,7 +27,8 @@ class HGRN2Config(_FoxLayoutConfig):
         **kwargs,
     ):
         if use_short_conv:
-            raise ValueError("use_short_conv=True is not supported for HGRN2 (the paper's HGRN2 has none)")
+            raise ConfigFieldError("use_short_conv", "use_short_conv=True is not supported for HGRN2 (the "
+                                                     "paper's HGRN2 has none)")
         if num_heads is None and expand_ratio is None:
             raise ValueError("HGRN2Config needs num_heads or expand_ratio")
         require_int("hidden_size", hidden_size)
@@ -37,13 +38,16 @@ class HGRN2Config(_FoxLayoutConfig):
         # the heads: num_heads, else hidden_size // expand_ratio (modeling.py); each of width hidden / heads
         heads = num_heads if num_heads is not None else hidden_size // expand_ratio
         if heads < 1:
-            raise ValueError(f"expand_ratio must be <= hidden_size {hidden_size} (hidden_size // expand_ratio "
-                             f"heads), got {expand_ratio}")
+            raise ConfigFieldError("expand_ratio",
+                                   f"expand_ratio must be <= hidden_size {hidden_size} (hidden_size // "
+                                   f"expand_ratio heads), got {expand_ratio}")
         require_divides("num_heads" if num_heads is not None else "the heads (hidden_size // expand_ratio)", heads,
                         "hidden_size", hidden_size)
         if apply_lower_bound and num_heads is not None and expand_ratio is not None and num_heads * expand_ratio != hidden_size:
-            raise ValueError(f"apply_lower_bound needs num_heads * expand_ratio == hidden_size (one bound per forget "
-                             f"channel), got {num_heads} * {expand_ratio} != {hidden_size}")
+            raise ConfigFieldError("apply_lower_bound",
+                                   "apply_lower_bound needs num_heads * expand_ratio == hidden_size (one "
+                                   f"bound per forget channel), got {num_heads} * {expand_ratio} != "
+                                   f"{hidden_size}")
         self.attn_mode = attn_mode
         self.num_heads = num_heads
         self.expand_ratio = expand_ratio

@@ -5,7 +5,13 @@ from __future__ import annotations
 import math
 
 from fox_models import preset_fields
-from fox_models.configuration_base import _FoxConfigBase, require_int, require_ordered, require_positive
+from fox_models.configuration_base import (
+    ConfigFieldError,
+    _FoxConfigBase,
+    require_int,
+    require_ordered,
+    require_positive,
+)
 
 
 class Mamba2Config(_FoxConfigBase):
@@ -52,12 +58,15 @@ class Mamba2Config(_FoxConfigBase):
         if time_step_rank != "auto":
             require_int("time_step_rank", time_step_rank)
         if num_heads * head_dim != expand * hidden_size:
-            raise ValueError(f"num_heads * head_dim must equal expand * hidden_size, got {num_heads} * {head_dim} "
-                             f"!= {expand} * {hidden_size}")
+            raise ConfigFieldError("num_heads",
+                                   f"num_heads * head_dim must equal expand * hidden_size, got {num_heads} "
+                                   f"* {head_dim} != {expand} * {hidden_size}")
         if num_heads % n_groups:
-            raise ValueError(f"num_heads {num_heads} must be divisible by n_groups {n_groups}")
+            raise ConfigFieldError("num_heads",
+                                   f"num_heads {num_heads} must be divisible by n_groups {n_groups}")
         if not rms_norm:
-            raise ValueError("rms_norm=False is not supported (the released Mamba-2 uses the gated RMSNorm)")
+            raise ConfigFieldError("rms_norm", "rms_norm=False is not supported (the released Mamba-2 uses "
+                                               "the gated RMSNorm)")
         self.state_size = state_size
         self.layer_norm_epsilon = layer_norm_epsilon
         self.conv_kernel = conv_kernel

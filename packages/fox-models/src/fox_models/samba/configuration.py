@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import math
 
-from fox_kernel import require_window_size
 from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
 from fox_models.configuration_base import (
+    ConfigFieldError,
     _FoxConfigBase,
     require_divides,
     require_int,
     require_ordered,
     require_positive,
+    require_window_size,
 )
 
 _ATTN_KEYS = ("num_heads", "num_kv_heads", "window_size", "layers")
@@ -66,8 +67,9 @@ class SambaConfig(_FoxConfigBase):
         **kwargs,
     ):
         if residual_in_fp32:
-            raise ValueError("residual_in_fp32=True is not supported (the reference SAMBA block adds its residual "
-                             "in the activations' dtype)")
+            raise ConfigFieldError("residual_in_fp32",
+                                   "residual_in_fp32=True is not supported (the reference SAMBA block adds "
+                                   "its residual in the activations' dtype)")
         for name, value in (("hidden_size", hidden_size), ("state_size", state_size), ("expand", expand),
                             ("conv_kernel", conv_kernel)):
             require_int(name, value)
@@ -82,11 +84,14 @@ class SambaConfig(_FoxConfigBase):
         require_int("max_position_embeddings", max_position_embeddings, optional=True)
         require_positive("rope_base", rope_base)
         if time_step_init_scheme not in ("random", "constant"):
-            raise ValueError(f"time_step_init_scheme must be 'random' or 'constant', got {time_step_init_scheme!r}")
+            raise ConfigFieldError("time_step_init_scheme",
+                                   f"time_step_init_scheme must be 'random' or 'constant', got "
+                                   f"{time_step_init_scheme!r}")
         intermediate_size = kwargs.pop("intermediate_size", None)  # written by save_pretrained: expand * hidden
         if intermediate_size is not None and intermediate_size != expand * hidden_size:
-            raise ValueError(f"intermediate_size must be expand * hidden_size = {expand * hidden_size}, "
-                             f"got {intermediate_size}")
+            raise ConfigFieldError("intermediate_size",
+                                   f"intermediate_size must be expand * hidden_size = "
+                                   f"{expand * hidden_size}, got {intermediate_size}")
         attn = None if attn is None else dict(attn)
         given = {k: v for k, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads),
                                    ("window_size", window_size)) if v is not None}
@@ -95,19 +100,22 @@ class SambaConfig(_FoxConfigBase):
         if attn is not None:
             unknown = set(attn) - set(_ATTN_KEYS)
             if unknown:
-                raise ValueError(f"attn has unknown keys {sorted(unknown)}; known: {list(_ATTN_KEYS)}")
+                raise ConfigFieldError("attn",
+                                       f"attn has unknown keys {sorted(unknown)}; known: {list(_ATTN_KEYS)}")
             if attn.get("num_heads") is None:
-                raise ValueError("attn must give num_heads (the heads of the attention layers)")
+                raise ConfigFieldError("attn", "attn must give num_heads (the heads of the attention layers)")
             if attn.get("layers") is not None:
-                raise ValueError(f"attn['layers'] must be None (attention on the odd layers, the reference's only "
-                                 f"layout), got {attn['layers']!r}")
+                raise ConfigFieldError("attn",
+                                       f"attn['layers'] must be None (attention on the odd layers, the "
+                                       f"reference's only layout), got {attn['layers']!r}")
             attn = {k: attn.get(k) for k in _ATTN_KEYS}
             require_window_size(attn["window_size"])
-            require_int("attn num_heads", attn["num_heads"])
-            require_int("attn num_kv_heads", attn["num_kv_heads"], optional=True)
+            require_int("attn num_heads", attn["num_heads"], field="attn")
+            require_int("attn num_kv_heads", attn["num_kv_heads"], optional=True, field="attn")
             require_divides("attn num_heads", attn["num_heads"], "hidden_size", hidden_size)
             if attn["num_kv_heads"] is not None:
-                require_divides("attn num_kv_heads", attn["num_kv_heads"], "attn num_heads", attn["num_heads"])
+                require_divides("attn num_kv_heads", attn["num_kv_heads"], "attn num_heads",
+                                attn["num_heads"], field="attn")
         self.state_size = state_size
         self.norm_eps = norm_eps
         self.expand = expand
