@@ -94,3 +94,48 @@ def test_every_package_builds_a_wheel_and_sdist(tmp_path):
         assert len(wheels) == 1 and len(sdists) == 1, (package, list(out.iterdir()))
         names = zipfile.ZipFile(wheels[0]).namelist()
         assert f"{import_name}/__init__.py" in names, names[:20]
+
+
+def _locked_constraints(tmp_path, package: str) -> Path:
+    """The lock's versions of ``package``'s third-party dependencies, as pip constraints: the install tests
+    below resolve like pip does (no lock), but onto the versions CI has cached (no fresh torch download)."""
+    path = tmp_path / "constraints.txt"
+    _run([_uv(), "export", "--frozen", "--package", package, "--no-dev", "--no-hashes", "--no-emit-workspace",
+          "--no-header", "--quiet", "-o", str(path)])
+    return path
+
+
+def _fresh_venv(tmp_path, name: str) -> Path:
+    venv = tmp_path / name
+    _run([_uv(), "venv", "--quiet", str(venv)])
+    return venv / "bin" / "python"
+
+
+LAYERS_SMOKE = PACKAGES["fox-layers"][1] + "\nimport fox_kernel; assert '/site-packages/' in fox_kernel.__file__"
+
+
+@pytest.mark.slow
+def test_install_from_built_wheels(tmp_path):
+    """The README's "from built wheels": build fox-kernel and fox-layers, then install fox-layers by name with
+    ``--find-links dist`` into a fresh environment (fox-kernel comes from dist/ too, the rest from the index)."""
+    dist = tmp_path / "dist"
+    for package in ("fox-kernel", "fox-layers"):
+        _run([_uv(), "build", "--package", package, "--wheel", "--out-dir", str(dist), "--quiet"])
+    python = _fresh_venv(tmp_path, "wheels")
+    _run([_uv(), "pip", "install", "--quiet", "--python", str(python), "--find-links", str(dist),
+          "-c", str(_locked_constraints(tmp_path, "fox-layers")), "fox-layers"])
+    _run([str(python), "-c", LAYERS_SMOKE])
+
+
+@pytest.mark.slow
+def test_install_from_git_subdirectories(tmp_path):
+    """The README's "from git, without a clone": one command naming fox-kernel and fox-layers as
+    ``NAME @ git+REPO#subdirectory=packages/NAME`` (REPO: this repository's committed HEAD, as a file URL)."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: no commit to install from")
+    repo = f"git+{ROOT.as_uri()}"
+    python = _fresh_venv(tmp_path, "git")
+    _run([_uv(), "pip", "install", "--quiet", "--python", str(python),
+          "-c", str(_locked_constraints(tmp_path, "fox-layers")),
+          f"fox-kernel @ {repo}#subdirectory=packages/fox-kernel", f"fox-layers @ {repo}#subdirectory=packages/fox-layers"])
+    _run([str(python), "-c", LAYERS_SMOKE])
