@@ -84,6 +84,7 @@ def main(argv=None):
         o.backward(o)
 
     from fox_kernel.ops import dispatch
+    from fox_kernel.ops.call import AttentionCall
     from fox_kernel.ops.triton import sums
     from fox_kernel.options import current_options
 
@@ -97,9 +98,9 @@ def main(argv=None):
         "forgetting_attention fwd+bwd (autograd)": fox_autograd,
         "forgetting_attention fwd+bwd, auto pruning (autograd)": fox_autograd_pruned,
         "forgetting_attention fwd+bwd, per-head bound (autograd)": fox_autograd_per_head,
-        "dispatch.forward (no op, no checks)": lambda: dispatch.forward(q, k, v, lf, None, None, s, None, None, 0, opts),
-        "dispatch.backward, pruning (no op)": lambda: dispatch.backward(do, q, k, v, lf, out, lse, None, None, s, bound,
-                                                                        0, opts),
+        "dispatch.forward (no op, no checks)": lambda: dispatch.forward(q, k, v, lf, AttentionCall(s, options=opts)),
+        "dispatch.backward, pruning (no op)": lambda: dispatch.backward(do, q, k, v, lf, out, lse,
+                                                                        AttentionCall(s, threshold=bound, options=opts)),
         "one Triton launch (prefix sums)": lambda: sums.prefix_sums(lf, None, zeros=True),
         "SDPA cuDNN fwd+bwd (autograd)": sdpa_autograd,
     }

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import triton
 
 from fox_kernel import KernelOptions
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.triton import bwd, fwd, launch, sums
 
 CANDIDATES = {
@@ -48,8 +49,8 @@ def main():
         q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         lf = F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4)
         c = sums.prefix_sums(lf, None)
-        options = KernelOptions()
-        out, lse, _ = fwd.forward(q, k, v, c, None, None, D**-0.5, None, None, 0, True, options)
+        call = AttentionCall(D**-0.5, options=KernelOptions())
+        out, lse, _ = fwd.forward(q, k, v, c, call, True)
         do = torch.randn_like(q)
         delta = sums.delta(out, do)
         flops = 4 * B * H * T * T * D / 2
@@ -70,12 +71,11 @@ def main():
                 try:
                     if kind == "fwd":
                         ms = triton.testing.do_bench(
-                            lambda: fwd.forward(q, k, v, c, None, None, D**-0.5, None, None, 0, True, options),
+                            lambda: fwd.forward(q, k, v, c, call, True),
                             warmup=25, rep=100, return_mode="median")
                     else:
                         ms = triton.testing.do_bench(
-                            lambda: bwd.backward(do, q, k, v, c, lse, delta, None, None, D**-0.5, None, 0, one_pass,
-                                                 options),
+                            lambda: bwd.backward(do, q, k, v, c, lse, delta, call, one_pass),
                             warmup=25, rep=100, return_mode="median")
                 except Exception as e:  # out of shared memory / registers: not a candidate here
                     print(f"{kind} D={D} {trial}: {type(e).__name__}")

@@ -260,6 +260,7 @@ def test_backward_mode_is_checked():
 
 
 def test_gluon_switch_is_checked():
+    from fox_kernel.ops.call import AttentionCall
     from fox_kernel.ops.dispatch import Backend, backward_plan, forward_backend
 
     with pytest.raises(ValueError, match="FOX_KERNEL_GLUON"):
@@ -267,8 +268,8 @@ def test_gluon_switch_is_checked():
     assert not KernelOptions.from_env({"FOX_KERNEL_GLUON": "0"}).gluon
     q = torch.randn(1, 4, 1, 64).to(torch.bfloat16)  # a CPU tensor never takes the Gluon kernels
     want = Backend.TRITON if INTERPRET else Backend.TORCH
-    assert forward_backend(q, q, None, None, False, 0, KernelOptions()) is want
-    assert backward_plan(q, None, None, 0, KernelOptions(backward="fused")) == (want, INTERPRET)
+    assert forward_backend(q, q, AttentionCall(1.0, options=KernelOptions())) is want
+    assert backward_plan(q, AttentionCall(1.0, options=KernelOptions(backward="fused"))) == (want, INTERPRET)
 
 
 def test_options_from_the_environment_and_in_a_block():

@@ -6,6 +6,7 @@ import torch
 
 from fox_kernel import KernelOptions, forgetting_attention
 from fox_kernel.ops import dispatch, gluon
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.gluon.tiles import GLUON_ONE_PASS_DIMS
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
@@ -62,7 +63,8 @@ def test_gluon_matches_reference_and_triton(backward, D, dtype, B, Tq, Tk, H, Hk
         pytest.skip("the Gluon one-pass backward is for D=64")
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed=Tq + H)
     options = KernelOptions(backward=backward)
-    assert dispatch.backward_plan(inputs[0], None, None, 0, options) == (dispatch.Backend.GLUON, backward == "fused")
+    plan = dispatch.backward_plan(inputs[0], AttentionCall(D**-0.5, options=options))
+    assert plan == (dispatch.Backend.GLUON, backward == "fused")
     out = forgetting_attention(*inputs, options=options)
     grads = torch.autograd.grad(out, inputs, do)
     triton_out = forgetting_attention(*inputs, options=KernelOptions(gluon=False))

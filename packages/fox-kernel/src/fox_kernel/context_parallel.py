@@ -39,13 +39,15 @@ Everything here uses ``torch.distributed`` only; the gloo backend works on the C
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from fox_kernel.ops import checks
-from fox_kernel.ops.forgetting_attention import _bwd_op, _fwd_op, _options_key, pruning_args
+from fox_kernel.ops import checks, dispatch
+from fox_kernel.ops.call import AttentionCall
+from fox_kernel.ops.forgetting_attention import pruning_args
 from fox_kernel.options import KernelOptions, current_options
 
 __all__ = [
@@ -194,13 +196,16 @@ def _part(x: torch.Tensor, heads: slice, whole: int) -> torch.Tensor:
     return x if heads.stop - heads.start == whole else x[:, :, heads].contiguous()
 
 
-def _threshold_part(threshold, heads: slice):
-    return None if threshold is None or threshold.numel() == 0 else threshold[:, heads].contiguous()
+def _group_call(call: AttentionCall, heads: slice, whole: int) -> AttentionCall:
+    """``call`` for the query heads ``heads`` of ``whole``: its threshold's columns of those heads."""
+    if call.threshold is None or heads.stop - heads.start == whole:
+        return call
+    return dataclasses.replace(call, threshold=call.threshold[:, heads].contiguous())
 
 
 class _ContextParallelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, log_fgate, group, sm_scale, threshold, auto_log_eps, window, options, groups):
+    def forward(ctx, q, k, v, log_fgate, group, call: AttentionCall, groups):
         world, rank = _world(group)
         H, Hkv = q.shape[2], k.shape[2]
         out = torch.empty_like(q)
@@ -208,29 +213,29 @@ class _ContextParallelAttention(torch.autograd.Function):
         for kv_heads, q_heads in _head_slices(groups, Hkv, H):
             K, V, G = _gather_kvg(_part(k, kv_heads, Hkv), _part(v, kv_heads, Hkv),
                                   _part(log_fgate, q_heads, H), group)
-            q_part, thr = _part(q, q_heads, H), _threshold_part(threshold, q_heads)
+            q_part, part_call = _part(q, q_heads, H), _group_call(call, q_heads, H)
             for rows, end in _chunk_calls(world, rank, q.shape[1]):
-                o, lse, bound = _fwd_op(q_part[:, rows], K[:, :end], V[:, :end], G[:, :end], None, None,
-                                        sm_scale, thr, auto_log_eps, window, options)
+                o, lse, bound = dispatch.forward(q_part[:, rows], K[:, :end], V[:, :end], G[:, :end], part_call)
                 out[:, rows, q_heads] = o
                 lses.append(lse)
-                bounds.append(bound if auto_log_eps is not None else thr)
+                bounds.append(bound)  # the chunk's resolved "auto" bound, or the group's threshold
             del K, V, G
-        ctx.save_for_backward(q, k, v, log_fgate, out, *lses)
-        ctx.bounds = bounds
-        ctx.args = (group, sm_scale, window, options, groups)
+        _, ctx.call_rest = call.saved(None)  # each chunk's backward takes its own bound
+        ctx.save_for_backward(q, k, v, log_fgate, out, *lses, *bounds)
+        ctx.group, ctx.groups = group, groups
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, log_fgate, out, *lses = ctx.saved_tensors
-        group, sm_scale, window, options, groups = ctx.args
+        q, k, v, log_fgate, out, *saved = ctx.saved_tensors
+        lses, bounds = saved[:len(saved) // 2], saved[len(saved) // 2:]
+        group, groups = ctx.group, ctx.groups
         world, rank = _world(group)
         B, T_local, Hkv, D = k.shape
         H = q.shape[2]
         C = T_local // 2
         dq, dk, dv, dg = (torch.empty_like(x) for x in (q, k, v, log_fgate))
-        call = 0
+        n = 0  # the forward's chunk calls, in order
         for kv_heads, q_heads in _head_slices(groups, Hkv, H):
             K, V, G = _gather_kvg(_part(k, kv_heads, Hkv), _part(v, kv_heads, Hkv),
                                   _part(log_fgate, q_heads, H), group)
@@ -244,11 +249,11 @@ class _ContextParallelAttention(torch.autograd.Function):
                                          dtype=torch.promote_types(G.dtype, torch.float32))
             kv_chunks, g_chunks = _by_chunk(dkv_all.unbind(0), 1), _by_chunk(dg_all.unbind(0), 1)
             for rows, end in _chunk_calls(world, rank, T_local):
-                dq_i, dk_i, dv_i, dg_i = _bwd_op(do_part[:, rows].contiguous(), q_part[:, rows], K[:, :end],
-                                                 V[:, :end], G[:, :end], out_part[:, rows].contiguous(),
-                                                 lses[call], None, None,
-                                                 sm_scale, ctx.bounds[call], window, options)
-                call += 1
+                bwd_call = AttentionCall.from_saved((None, None, bounds[n]), ctx.call_rest)
+                dq_i, dk_i, dv_i, dg_i = dispatch.backward(do_part[:, rows].contiguous(), q_part[:, rows], K[:, :end],
+                                                           V[:, :end], G[:, :end], out_part[:, rows].contiguous(),
+                                                           lses[n], bwd_call)
+                n += 1
                 dq[:, rows, q_heads] = dq_i
                 for g in range(end // C):
                     keys = slice(g * C, (g + 1) * C)
@@ -261,7 +266,7 @@ class _ContextParallelAttention(torch.autograd.Function):
             del dkv_all
             dk[:, :, kv_heads], dv[:, :, kv_heads] = dkv[..., :D], dkv[..., D:]
             dg[:, :, q_heads] = _reduce_scatter(dg_all, group)
-        return dq, dk, dv, dg, None, None, None, None, None, None, None
+        return dq, dk, dv, dg, None, None, None
 
 
 @torch.compiler.disable  # collectives inside an autograd.Function: run eagerly under torch.compile
@@ -318,15 +323,16 @@ def context_parallel_forgetting_attention(
     elif isinstance(head_groups, bool) or not isinstance(head_groups, int) or head_groups < 1 or Hkv % head_groups:
         raise ValueError(f"head_groups must be a positive divisor of k/v's {Hkv} heads, got {head_groups!r}")
     window = checks.check_window_size(window_size, T * world)
+    options = options if options is not None else current_options()
     if not torch.compiler.is_compiling():  # each rank reads its own shard's gates, as forgetting_attention does
-        checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
-                                            (options if options is not None else current_options()).check_gates)
+        checks.check_log_gates_at_most_zero("log_fgate", log_fgate, options.check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, sm_scale, None)
-    key = _options_key(options)
+    # one description for every chunk's kernel call (each head group's takes its threshold's columns)
+    call = AttentionCall(float(sm_scale), threshold=threshold, auto_log_eps=auto_log_eps, window=window,
+                         options=options)
     q, k, v = (x.contiguous() for x in (q, k, v))
-    return _ContextParallelAttention.apply(q, k, v, log_fgate.contiguous(), group, sm_scale, threshold, auto_log_eps,
-                                           window, key, head_groups)
+    return _ContextParallelAttention.apply(q, k, v, log_fgate.contiguous(), group, call, head_groups)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens o
 also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pages per row) of page
 indices, filled by ``append_to_paged_cache``. On CUDA
 (and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton/decode.py``); otherwise the
-chunked PyTorch twin of the kernels (``ops/chunked.py``) on the cached prefix sums, so a long chunked
-prefill never holds more than (B, H, chunk, T) scores.
+chunked PyTorch twin of the kernels (``ops/chunked.py``, ``forward_from_sums``) on the cached prefix sums,
+so a long chunked prefill never holds more than (B, H, chunk, T) scores. Either path gets the call's scale,
+starts, window and threshold as one ``AttentionCall`` (``ops/call.py``).
 
 Precision: the cached prefix sums ``c`` are float32 on every path. They are summed in float64 and
 rounded once when stored, so float64 q/k/v (which run the PyTorch path in float64) get the decay term
@@ -30,6 +31,8 @@ from __future__ import annotations
 import torch
 
 from fox_kernel.ops import checks, dispatch
+from fox_kernel.ops.call import AttentionCall
+from fox_kernel.ops.chunked import forward_from_sums
 from fox_kernel.options import current_options
 
 # why a gate of exactly 0 is refused where the values are read (see checks.gates_checkable)
@@ -418,40 +421,27 @@ def forgetting_attention_with_kvcache(
     thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
     window = checks.check_window_size(window_size, T)
     scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
-    if dispatch.runs_triton(q) and q.dtype != torch.float64:
+    on_triton = dispatch.runs_triton(q) and q.dtype != torch.float64
+    # The Triton kernel takes int32 starts and prunes by the threshold. The PyTorch path computes exactly (no
+    # threshold) and compares the starts as given (they have no upper bound here: no cast to int32).
+    starts = seq_start.to(torch.int32).contiguous() if on_triton and seq_start is not None else seq_start
+    call = AttentionCall(scale, starts, threshold=thresh if on_triton else None, window=window)
+    if on_triton:
         from fox_kernel.ops.triton.decode import decode
 
         lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
-        starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
-        return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table,
-                             thresh, window)
-    return _decode_on_cpu(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, scale, window)
-
-
-def _decode_on_cpu(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, scale, window):
-    """The PyTorch path: the chunked twin of the kernels (``ops/chunked.py``) on the cached prefix sums,
-    once for the whole batch when every row holds as many tokens, else row by row over each row's tokens.
-    Lengths past the cache (checked on the CPU only) are clamped to it and their rows returned as NaN;
-    query rows before cache position 0 return 0. The threshold is not applied: this path is exact."""
-    from fox_kernel.ops.chunked import forward_from_sums
-
-    B, Tq, H, _ = q.shape
-    T = k_cache.shape[1]
-    c = c_cache.permute(0, 2, 1).to(torch.float64 if q.dtype == torch.float64 else torch.float32)  # (B, H, T)
-    lens = [T] * B if cache_seqlens is None else cache_seqlens.tolist()
-    if len(set(lens)) == 1 and lens[0] >= Tq:
-        L = min(lens[0], T)
-        out, _ = forward_from_sums(q, k_cache[:, :L], v_cache[:, :L], c[..., :L], None, seq_start, scale, None, window)
-    else:
-        out = q.new_zeros(q.shape)
-        for b, length in enumerate(lens):
-            L = min(length, T)
-            n = max(0, min(Tq, L))  # the query rows at cache positions >= 0
-            if n:
-                out[b:b + 1, Tq - n:], _ = forward_from_sums(
-                    q[b:b + 1, Tq - n:], k_cache[b:b + 1, :L], v_cache[b:b + 1, :L], c[b:b + 1, :, :L], None,
-                    None if seq_start is None else seq_start[b:b + 1], scale, None, window)
+        # a custom op (a compiled decoding step calls it as it is): the call's fields as primitives
+        return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), call.seq_start, call.sm_scale,
+                      table, call.threshold, call.window)
+    # the chunked PyTorch twin of the kernels on the cached prefix sums (c_cache as (B, H, T)), each row over
+    # its own tokens
+    lens = None if cache_seqlens is None else cache_seqlens.tolist()
+    out, _ = forward_from_sums(q, k_cache, v_cache, c_cache.permute(0, 2, 1), None, call,
+                               None if lens is None else [min(length, T) for length in lens])
+    if lens is None:
+        return out
+    # lengths past the cache (refused on the CPU, possible on a CUDA float64 call) were clamped: NaN rows
     too_long = torch.tensor([length > T for length in lens], device=q.device)
     return out.masked_fill(too_long[:, None, None, None], float("nan"))

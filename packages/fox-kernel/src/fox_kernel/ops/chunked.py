@@ -6,12 +6,15 @@ holds more than (B, H, chunk, Tk) scores, so long sequences fit on a laptop.
 
 Tensors here are in the kernel layout: q (B, Tq, H, D), k/v (B, Tk, Hkv, D), log_fgate (B, Tk, H),
 lse (B, H, Tq) in natural log (+inf for rows that see no key), float32 (float64 for float64 inputs).
+The scale, window and the rest of the call come as one ``AttentionCall`` (``call.py``); the helpers take
+the rows' own ``seq_start`` and threshold beside it, as a packed batch runs each sequence as its own row.
 """
 
 from __future__ import annotations
 
 import torch
 
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.gates import gate_grad_from_dc
 from fox_kernel.reference import decay_bias, finite_prefix_sums
 
@@ -48,7 +51,7 @@ def _key_span(pos_q, window):
     return kstart, kend
 
 
-def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshold, window):
+def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, threshold, call: AttentionCall):
     """Masked logits for one query chunk at key positions ``pos_q`` over keys [kstart, kend): (B, H, C, K).
 
     ``c``, ``zeros`` (B, H, Tk): finite prefix sums and counts of zero gates (``finite_prefix_sums``), so a
@@ -60,11 +63,11 @@ def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshol
         bias = c[..., pos_q, None] - c[..., None, kstart:kend]
     else:
         bias = decay_bias(c[..., pos_q], zeros[..., pos_q], c[..., kstart:kend], zeros[..., kstart:kend])
-    s = torch.matmul(qc, kh.transpose(-1, -2)) * sm_scale + bias
+    s = torch.matmul(qc, kh.transpose(-1, -2)) * call.sm_scale + bias
     pos_k = torch.arange(kstart, kend, device=kh.device)
     allowed = pos_k[None, :] <= pos_q[:, None]
-    if window:
-        allowed = allowed & (pos_k[None, :] > pos_q[:, None] - window)
+    if call.window:
+        allowed = allowed & (pos_k[None, :] > pos_q[:, None] - call.window)
     allowed = allowed[None, None]
     if seq_start is not None:
         allowed = allowed & (pos_k >= seq_start[:, None])[:, None, None, :]
@@ -73,16 +76,43 @@ def _scores(qc, kh, c, zeros, pos_q, kstart, kend, seq_start, sm_scale, threshol
     return s.masked_fill(~allowed, float("-inf"))
 
 
-def _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window):
-    c, zeros = _prefix_sums(log_fgate, seq_start, _acc_dtype(q))
-    return forward_from_sums(q, k, v, c, zeros, seq_start, sm_scale, threshold, window)
+def _dense_fwd(q, k, v, log_fgate, call, threshold):
+    c, zeros = _prefix_sums(log_fgate, call.seq_start, _acc_dtype(q))
+    return _from_sums(q, k, v, c, zeros, call.seq_start, threshold, call)
 
 
-def forward_from_sums(q, k, v, c, zeros, seq_start, sm_scale, threshold=None, window=0):
-    """``chunked_forward`` of one batch of fixed-length rows given the gates' prefix sums ``c`` (B, H, Tk), in
-    float32 (float64 for float64 q), and the counts of gates of exactly 0 ``zeros`` (B, H, Tk), or None
-    where there is none (a decoding cache: ``decode.forgetting_attention_with_kvcache`` runs its CPU path
-    here). Queries are end-aligned with the keys; rows that see no key return 0 and lse +inf."""
+def forward_from_sums(q, k, v, c, zeros, call: AttentionCall, lengths: list[int] | None = None):
+    """``chunked_forward`` of one batch of rows given the gates' prefix sums ``c`` (B, H, Tk) and the counts
+    of gates of exactly 0 ``zeros`` (B, H, Tk), or None where there is none (a decoding cache:
+    ``decode.forgetting_attention_with_kvcache`` runs its CPU path here, on the cached sums). ``c`` is taken
+    in float32 (float64 for float64 q). ``call.seq_start`` and ``call.threshold`` hold one row per batch row.
+
+    ``lengths``: the keys each row holds (B ints, each at most Tk; None: every row Tk), the queries
+    end-aligned with each row's own length; query rows before key position 0 return 0. One batched pass
+    when every row holds as many keys (at least Tq), else one pass per row over its keys. Rows that see no
+    key return 0 and lse +inf."""
+    c = c.to(_acc_dtype(q))
+    Tq = q.shape[1]
+    if lengths is None:
+        return _from_sums(q, k, v, c, zeros, call.seq_start, call.threshold, call)
+    if len(set(lengths)) == 1 and lengths[0] >= Tq:
+        L = lengths[0]
+        return _from_sums(q, k[:, :L], v[:, :L], c[..., :L], None if zeros is None else zeros[..., :L],
+                          call.seq_start, call.threshold, call)
+    out = q.new_zeros(q.shape)
+    lse = torch.full((q.shape[0], q.shape[2], Tq), float("inf"), dtype=c.dtype, device=q.device)
+    for b, L in enumerate(lengths):
+        n = max(0, min(Tq, L))  # the query rows at key positions >= 0
+        if n:
+            out[b:b + 1, Tq - n:], lse[b:b + 1, :, Tq - n:] = _from_sums(
+                q[b:b + 1, Tq - n:], k[b:b + 1, :L], v[b:b + 1, :L], c[b:b + 1, :, :L],
+                None if zeros is None else zeros[b:b + 1, :, :L], _row(call.seq_start, b), _row(call.threshold, b),
+                call)
+    return out, lse
+
+
+def _from_sums(q, k, v, c, zeros, seq_start, threshold, call):
+    """``forward_from_sums`` of rows of Tk keys each, with the rows' own ``seq_start`` and threshold."""
     B, Tq, H, D = q.shape
     Tk, group = k.shape[1], H // k.shape[2]
     acc = _acc_dtype(q)
@@ -95,9 +125,8 @@ def forward_from_sums(q, k, v, c, zeros, seq_start, sm_scale, threshold=None, wi
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
-        ks, ke = _key_span(pos_q, window)
-        s = _scores(qh[:, :, start:end], kh[:, :, ks:ke], c, zeros, pos_q, ks, ke, seq_start, sm_scale, threshold,
-                    window)
+        ks, ke = _key_span(pos_q, call.window)
+        s = _scores(qh[:, :, start:end], kh[:, :, ks:ke], c, zeros, pos_q, ks, ke, seq_start, threshold, call)
         m = torch.logsumexp(s, dim=-1)
         m = torch.where(torch.isneginf(m), torch.full_like(m, float("inf")), m)
         p = torch.exp(s - m[..., None])
@@ -106,8 +135,9 @@ def forward_from_sums(q, k, v, c, zeros, seq_start, sm_scale, threshold=None, wi
     return out.permute(0, 2, 1, 3).to(q.dtype), lse
 
 
-def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold, window):
+def _dense_bwd(do, q, k, v, log_fgate, out, lse, call, threshold):
     B, Tq, H, D = q.shape
+    seq_start, sm_scale = call.seq_start, call.sm_scale
     Tk, Hkv = k.shape[1], k.shape[2]
     group = H // Hkv
     acc = _acc_dtype(q)
@@ -126,9 +156,8 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold,
     for start in range(0, Tq, rows):
         end = min(Tq, start + rows)
         pos_q = torch.arange(start, end, device=q.device) + (Tk - Tq)
-        ks, ke = _key_span(pos_q, window)
-        s = _scores(qh[:, :, start:end], kh[:, :, ks:ke], c, zeros, pos_q, ks, ke, seq_start, sm_scale, threshold,
-                    window)
+        ks, ke = _key_span(pos_q, call.window)
+        s = _scores(qh[:, :, start:end], kh[:, :, ks:ke], c, zeros, pos_q, ks, ke, seq_start, threshold, call)
         p = torch.exp(s - lse[:, :, start:end, None])
         do_c = doh[:, :, start:end]
         dv[:, :, ks:ke] += torch.matmul(p.transpose(-1, -2), do_c)
@@ -150,32 +179,30 @@ def _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold,
     )
 
 
-def chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold=None, window=0):
-    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32, float64 for float64 q). threshold: (B or N, H) or None; window: the
-    sliding window W (query i sees keys i - W < j <= i), 0 for none."""
-    if cu_seqlens is None:
-        return _dense_fwd(q, k, v, log_fgate, seq_start, sm_scale, threshold, window)
+def chunked_forward(q, k, v, log_fgate, call: AttentionCall):
+    """Returns (out (B, Tq, H, D), lse (B, H, Tq) float32, float64 for float64 q). ``call.threshold``: (B or N, H)
+    or None (a resolved bound: the call carries no "auto" tolerance here)."""
+    if call.cu_seqlens is None:
+        return _dense_fwd(q, k, v, log_fgate, call, call.threshold)
     parts = [
-        _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], None, sm_scale, _row(threshold, n), window)
-        for n, (s, e) in enumerate(_sequences(cu_seqlens, q.shape[1]))
+        _dense_fwd(q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], call, _row(call.threshold, n))
+        for n, (s, e) in enumerate(_sequences(call.cu_seqlens, q.shape[1]))
     ]
     return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=2)
 
 
-def chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold=None,
-                     window=0):
+def chunked_backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall):
     """Returns (dq, dk, dv, dlog_fgate) in the dtypes of q, k, v, log_fgate."""
-    if cu_seqlens is None:
-        return _dense_bwd(do, q, k, v, log_fgate, out, lse, seq_start, sm_scale, threshold, window)
+    if call.cu_seqlens is None:
+        return _dense_bwd(do, q, k, v, log_fgate, out, lse, call, call.threshold)
     parts = [
-        _dense_bwd(
-            do[:, s:e], q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], out[:, s:e], lse[:, :, s:e],
-            None, sm_scale, _row(threshold, n), window,
-        )
-        for n, (s, e) in enumerate(_sequences(cu_seqlens, q.shape[1]))
+        _dense_bwd(do[:, s:e], q[:, s:e], k[:, s:e], v[:, s:e], log_fgate[:, s:e], out[:, s:e], lse[:, :, s:e], call,
+                   _row(call.threshold, n))
+        for n, (s, e) in enumerate(_sequences(call.cu_seqlens, q.shape[1]))
     ]
     return tuple(torch.cat(grads, dim=1) for grads in zip(*parts))
 
 
-def _row(threshold, n):
-    return None if threshold is None else threshold[n : n + 1]
+def _row(x, n):
+    """Row ``n`` of a per-row tensor (seq_start, threshold), kept 2-D / 1-D; None stays None."""
+    return None if x is None else x[n : n + 1]

@@ -19,15 +19,19 @@
   gates on the host would wait for the GPU; instead every such pass is launched, and on gates without a
   0 each program reads one number of ``z`` and returns (``benchmarks/bench_zero_gates.py``).
 
+Every function here takes the call's description (``call.AttentionCall``) as one object and passes it on.
+
 The backend modules are imported on first use, so ``import fox_kernel`` loads no kernel (and no Gluon).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 
 import torch
 
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
 from fox_kernel.ops.triton.launch import sm_major
@@ -54,12 +58,12 @@ def lse_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _gluon_applies(q, seq_start, cu_seqlens, window, options: KernelOptions) -> bool:
-    if not options.gluon or INTERPRET or not q.is_cuda or sm_major(q.device) != 9:
+def _gluon_applies(q, call: AttentionCall) -> bool:
+    if not call.options.gluon or INTERPRET or not q.is_cuda or sm_major(q.device) != 9:
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
         return False
-    if seq_start is not None or cu_seqlens is not None or window:
+    if call.seq_start is not None or call.varlen or call.has_window:
         return False
     from fox_kernel.ops import gluon
 
@@ -73,18 +77,18 @@ def fixed_bound_softmax(dtype: torch.dtype, options: KernelOptions) -> bool:
     return dtype != torch.float16 and options.fixed_bound
 
 
-def forward_backend(q, k, seq_start, cu_seqlens, pruned: bool, window, options: KernelOptions) -> Backend:
+def forward_backend(q, k, call: AttentionCall) -> Backend:
     """The forward's backend. With pruning, the Triton forward takes each query tile's own "auto" bound
     (tighter than the Gluon forward's per-head one) and needs fewer launches: at D=64 it stays there past
     GLUON_FWD_MAX_KEYS (the pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100:
     fox-train/benchmarks/forward-ab-h100-s16-125m.json), as does the online softmax (Triton's fixed bound
     is faster on long sequences at D=64)."""
-    if not runs_triton(q) or options.torch_path:
+    if not runs_triton(q) or call.options.torch_path:
         return Backend.TORCH
-    if not _gluon_applies(q, seq_start, cu_seqlens, window, options):
+    if not _gluon_applies(q, call):
         return Backend.TRITON
     limit = GLUON_FWD_MAX_KEYS[q.shape[-1]]
-    any_length = fixed_bound_softmax(q.dtype, options) and not pruned
+    any_length = fixed_bound_softmax(q.dtype, call.options) and not call.pruned
     return Backend.GLUON if any_length or limit is None or k.shape[1] <= limit else Backend.TRITON
 
 
@@ -98,79 +102,76 @@ def one_pass_backward(options: KernelOptions) -> bool:
     return options.backward == "fused" and not torch.are_deterministic_algorithms_enabled()
 
 
-def backward_plan(q, seq_start, cu_seqlens, window, options: KernelOptions) -> tuple[Backend, bool]:
+def backward_plan(q, call: AttentionCall) -> tuple[Backend, bool]:
     """(backend, one pass) of the backward."""
-    if not runs_triton(q) or options.torch_path:
+    if not runs_triton(q) or call.options.torch_path:
         return Backend.TORCH, False
-    if _gluon_applies(q, seq_start, cu_seqlens, window, options):
+    if _gluon_applies(q, call):
         # the Gluon one pass holds float32 dQ tiles in shared memory: GLUON_ONE_PASS_DIMS only
-        return Backend.GLUON, one_pass_backward(options) and q.shape[-1] in GLUON_ONE_PASS_DIMS
-    return Backend.TRITON, one_pass_backward(options)
+        return Backend.GLUON, one_pass_backward(call.options) and q.shape[-1] in GLUON_ONE_PASS_DIMS
+    return Backend.TRITON, one_pass_backward(call.options)
 
 
-def forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
-    """(out, lse, threshold): ``threshold`` as given, or with ``auto_log_eps`` the (rows, H) "auto" bound the
-    backward uses. Tensors in the kernel layout (see ``chunked.py``)."""
-    return forward_keeping_sums(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window,
-                                options)[:3]
+def forward(q, k, v, log_fgate, call: AttentionCall):
+    """(out, lse, threshold): ``call.threshold`` as given, or with ``call.auto_log_eps`` the (rows, H) "auto"
+    bound the backward uses. Tensors in the kernel layout (see ``chunked.py``)."""
+    return forward_keeping_sums(q, k, v, log_fgate, call)[:3]
 
 
-def forward_keeping_sums(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window,
-                         options):
+def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
     """``forward``'s (out, lse, threshold) and the GPU kernels' prefix sums ``(c, z)`` (None on the PyTorch
     path), which ``backward`` takes instead of summing the gates again (one launch fewer; 12 bytes per row,
     head and position kept)."""
+    threshold = call.threshold
     if q.numel() == 0:  # no query row: nothing to launch (a grid of 0 programs is no valid launch)
         B, Tq, H, _ = q.shape
-        if auto_log_eps is not None:
-            rows = B if cu_seqlens is None else cu_seqlens.numel() - 1
-            threshold = torch.full((rows, H), bound(0.0, k.shape[1], auto_log_eps), dtype=torch.float32,
-                                   device=q.device)
+        if call.auto_log_eps is not None:
+            threshold = torch.full((call.n_rows(B), H), bound(0.0, k.shape[1], call.auto_log_eps),
+                                   dtype=torch.float32, device=q.device)
         return (q.new_zeros(q.shape), torch.full((B, H, Tq), float("inf"), dtype=lse_dtype(q), device=q.device),
                 threshold, None)
-    backend = forward_backend(q, k, seq_start, cu_seqlens, threshold is not None or auto_log_eps is not None, window,
-                              options)
+    backend = forward_backend(q, k, call)
     if backend is Backend.TORCH:
-        if auto_log_eps is not None:
-            threshold = pruning_threshold(q, k, sm_scale, k.shape[1], auto_log_eps, rows=cu_seqlens)
-        out, lse = chunked_forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, window)
+        if call.auto_log_eps is not None:  # the chunked twin prunes by the resolved per-head bound
+            threshold = pruning_threshold(q, k, call.sm_scale, k.shape[1], call.auto_log_eps, rows=call.cu_seqlens)
+            call = dataclasses.replace(call, threshold=threshold, auto_log_eps=None)
+        out, lse = chunked_forward(q, k, v, log_fgate, call)
         return out.contiguous(), lse, threshold, None
     from fox_kernel.ops.triton import fwd, sums
 
-    c, z = sums.prefix_sums(log_fgate, seq_start, zeros=True)
-    fixed = fixed_bound_softmax(q.dtype, options)
+    c, z = sums.prefix_sums(log_fgate, call.seq_start, zeros=True)
+    fixed = fixed_bound_softmax(q.dtype, call.options)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host
 
-        out, lse, threshold = host.forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed)
+        out, lse, threshold = host.forward(q, k, v, c, call, fixed)
     else:
-        out, lse, threshold = fwd.forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps,
-                                          window, fixed, options)
-    fwd.forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, out, lse)
+        out, lse, threshold = fwd.forward(q, k, v, c, call, fixed)
+    fwd.forward_zero_gates(q, k, v, c, z, call, out, lse)
     return out, lse, threshold, (c, z)
 
 
-def backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window, options, prefix=None):
-    """(dq, dk, dv, dlog_fgate). ``prefix``: the forward's prefix sums ``(c, z)`` (``forward_keeping_sums``),
-    else the gates are summed again."""
+def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None):
+    """(dq, dk, dv, dlog_fgate). ``call``: the backward's (``call.threshold`` the forward's returned
+    threshold, no "auto" tolerance). ``prefix``: the forward's prefix sums ``(c, z)``
+    (``forward_keeping_sums``), else the gates are summed again."""
     if q.numel() == 0:  # no query row: no gradient flows to anything
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), log_fgate.new_zeros(log_fgate.shape)
-    backend, one_pass = backward_plan(q, seq_start, cu_seqlens, window, options)
+    backend, one_pass = backward_plan(q, call)
     if backend is Backend.TORCH:
-        return chunked_backward(do, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window)
+        return chunked_backward(do, q, k, v, log_fgate, out, lse, call)
     from fox_kernel.ops.triton import bwd, sums
 
     if do.stride(-1) != 1:
         do = do.contiguous()
-    c, z = prefix if prefix is not None else sums.prefix_sums(log_fgate, seq_start, zeros=True)
+    c, z = prefix if prefix is not None else sums.prefix_sums(log_fgate, call.seq_start, zeros=True)
     delta = sums.delta(out, do)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host
 
-        grads = host.backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass)
+        grads = host.backward(do, q, k, v, c, lse, delta, call, one_pass)
     else:
-        grads = bwd.backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, threshold, window, one_pass,
-                             options)
-    bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, seq_start, cu_seqlens, sm_scale, window, grads, options)
+        grads = bwd.backward(do, q, k, v, c, lse, delta, call, one_pass)
+    bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, call, grads)
     dq, dk, dv, dc, dc_row = grads
-    return dq, dk, dv, sums.gate_grad(dc, dc_row, seq_start, cu_seqlens)
+    return dq, dk, dv, sums.gate_grad(dc, dc_row, call.seq_start, call.cu_seqlens)

@@ -5,6 +5,10 @@
 ops with fake implementations, so ``torch.compile(fullgraph=True)`` traces through them; the kernel
 options travel through them as one string (``KernelOptions.key``). Eager calls take a plain
 ``torch.autograd.Function`` around the same two dispatch functions, which costs less host time per call.
+
+After its checks ``forgetting_attention`` describes the call once, as an ``AttentionCall`` (``call.py``),
+and passes that object down to ``dispatch`` and the backends. The custom ops take its fields as
+primitives (``AttentionCall.op_args``) and rebuild it inside (``AttentionCall.from_op_args``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from fox_kernel.ops import checks, dispatch
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.options import KernelOptions, current_options
 from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, AutoThreshold
 
@@ -32,10 +37,11 @@ def _fwd_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, auto bound): with ``auto_log_eps`` the per-head "auto" bound (rows, H) for the
     backward (the Triton forward prunes each query tile by its own rows' norms); otherwise an empty
-    tensor (the backward takes ``threshold`` from the inputs). ``window``: the sliding window, 0 for none;
-    ``options``: ``KernelOptions.key`` ("" for the current options)."""
-    out, lse, threshold = dispatch.forward(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold,
-                                           auto_log_eps, window, KernelOptions.from_key(options))
+    tensor (the backward takes ``threshold`` from the inputs). The arguments after log_fgate are
+    ``AttentionCall.op_args()``: ``window`` the sliding window, 0 for none; ``options``
+    ``KernelOptions.key`` ("" for the current options)."""
+    call = AttentionCall.from_op_args(seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options)
+    out, lse, threshold = dispatch.forward(q, k, v, log_fgate, call)
     if auto_log_eps is None:  # not an input as it is, nor None: a custom op may return neither
         threshold = q.new_empty(0, dtype=torch.float32)
     return out, lse, threshold
@@ -65,8 +71,10 @@ def _bwd_op(
     window: int = 0,
     options: str = "",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window,
-                              KernelOptions.from_key(options))
+    """The backward of ``_fwd_op``: its arguments without ``auto_log_eps`` (``threshold`` is the bound the
+    forward returned, or its own)."""
+    call = AttentionCall.from_op_args(seq_start, cu_seqlens, sm_scale, threshold, None, window, options)
+    grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, call)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -76,21 +84,18 @@ def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, thres
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, *rest = inputs
+    q, k, v, log_fgate, *op_args = inputs
     out, lse, auto_bound = output
-    if auto_log_eps is not None:
-        threshold = auto_bound
-    ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold)
-    ctx.sm_scale = sm_scale
-    ctx.window = rest[0] if rest else 0
     # the backward runs with the forward call's options ("" resolved now, not when the backward runs)
-    ctx.options = rest[1] if len(rest) > 1 and rest[1] else current_options().key
+    call = AttentionCall.from_op_args(*op_args)
+    tensors, ctx.call_rest = call.saved(auto_bound if call.auto_log_eps is not None else call.threshold)
+    ctx.save_for_backward(q, k, v, log_fgate, out, lse, *tensors)
 
 
 def _backward(ctx, dout, _dlse, _dbound):
-    q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold = ctx.saved_tensors
-    dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold,
-                             ctx.window, ctx.options)
+    q, k, v, log_fgate, out, lse, *tensors = ctx.saved_tensors
+    call = AttentionCall.from_saved(tensors, ctx.call_rest)
+    dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, *call.op_args(backward=True))
     return dq, dk, dv, dg, None, None, None, None, None, None, None
 
 
@@ -100,25 +105,24 @@ torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backwar
 class _EagerForgettingAttention(torch.autograd.Function):
     """The same forward and backward as the custom ops, for eager calls: a torch.library op costs host time
     at each call (schema parsing, defaults, the aliasing check, the autograd redispatch) that a training
-    step pays per layer, and the options go down as an object rather than a string. The backward reuses the
-    forward's prefix sums of the gates. Under
-    ``torch.compile`` the custom ops run instead (a graph can hold them, not this)."""
+    step pays per layer, and the call's description goes down as the object it is rather than as
+    primitives. The backward reuses the forward's prefix sums of the gates. Under ``torch.compile`` the
+    custom ops run instead (a graph can hold them, not this)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options):
-        out, lse, threshold, prefix = dispatch.forward_keeping_sums(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale,
-                                                                    threshold, auto_log_eps, window, options)
+    def forward(ctx, q, k, v, log_fgate, call: AttentionCall):
+        out, lse, threshold, prefix = dispatch.forward_keeping_sums(q, k, v, log_fgate, call)
         c, z = prefix if prefix is not None else (None, None)
-        ctx.save_for_backward(q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold, c, z)
-        ctx.sm_scale, ctx.window, ctx.options = sm_scale, window, options
+        tensors, ctx.call_rest = call.saved(threshold)
+        ctx.save_for_backward(q, k, v, log_fgate, out, lse, c, z, *tensors)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, threshold, c, z = ctx.saved_tensors
-        grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, ctx.sm_scale, threshold,
-                                  ctx.window, ctx.options, None if c is None else (c, z))
-        return *(g.contiguous() for g in grads), None, None, None, None, None, None, None
+        q, k, v, log_fgate, out, lse, c, z, *tensors = ctx.saved_tensors
+        call = AttentionCall.from_saved(tensors, ctx.call_rest)
+        grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, call, None if c is None else (c, z))
+        return *(g.contiguous() for g in grads), None
 
 
 def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
@@ -155,8 +159,8 @@ def pruning_args(adaptive_threshold, q, k, sm_scale: float, cu_seqlens):
 
 
 @torch.compiler.assume_constant_result  # read while tracing; a compiled graph keeps the options it saw
-def _options_key(options: KernelOptions | None) -> str:
-    return (options if options is not None else current_options()).key
+def _resolved_options(options: KernelOptions | None) -> KernelOptions:
+    return options if options is not None else current_options()
 
 
 def forgetting_attention(
@@ -251,16 +255,15 @@ def forgetting_attention(
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
     window = checks.check_window_size(window_size, Tk)
+    options = _resolved_options(options)
     if value_checks:  # read where it costs no wait for the GPU (CPU tensors, or KernelOptions.check_gates)
-        checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
-                                            (options if options is not None else current_options()).check_gates)
+        checks.check_log_gates_at_most_zero("log_fgate", log_fgate, options.check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
+    call = AttentionCall(float(sm_scale), seq_start, cu_seqlens, threshold, auto_log_eps, window, options)
     if not value_checks:  # compiling: the custom ops, which a graph can hold
-        out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps,
-                            window, _options_key(options))
+        out, _, _ = _fwd_op(q, k, v, log_fgate, *call.op_args())
     else:
-        out = _EagerForgettingAttention.apply(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold,
-                                              auto_log_eps, window, options if options is not None else current_options())
+        out = _EagerForgettingAttention.apply(q, k, v, log_fgate, call)
     return out.transpose(1, 2) if head_first else out

@@ -14,6 +14,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.constants import FIXED_BOUND_GAP, LOG2E
 from fox_kernel.ops.gluon.bwd import gluon_dkdv_kernel, gluon_dq_kernel
 from fox_kernel.ops.gluon.fwd import gluon_fwd_kernel
@@ -31,15 +32,17 @@ from fox_kernel.ops.triton.sums import local_sums
 from fox_kernel.pruning import auto_threshold
 
 
-def forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed):
+def forward(q, k, v, c, call: AttentionCall, fixed: bool):
     """(out, lse, threshold) from the prefix sums ``c``. With ``fixed`` each consumer runs its rows against
     a fixed softmax bound where one is tight enough (``kmax2``: the largest squared key norms), else the
     online softmax. With "auto" pruning it takes the per-head bound (one read of q and k) rather than the
-    Triton forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does."""
+    Triton forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does.
+    The call has neither ``seq_start``, ``cu_seqlens`` nor a window (``dispatch`` sends no such call here)."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    if auto_log_eps is not None:
-        threshold = auto_threshold(q, k, sm_scale, Tk, auto_log_eps)
+    sm_scale, threshold = call.sm_scale, call.threshold
+    if call.auto_log_eps is not None:
+        threshold = auto_threshold(q, k, sm_scale, Tk, call.auto_log_eps)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
@@ -63,10 +66,12 @@ def forward(q, k, v, c, sm_scale, threshold, auto_log_eps, fixed):
     return out, lse, threshold
 
 
-def backward(do, q, k, v, c, lse, delta, sm_scale, threshold, one_pass):
+def backward(do, q, k, v, c, lse, delta, call: AttentionCall, one_pass: bool):
     """(dq, dk, dv, dc, dc_row), as the Triton backward's: the dK/dV pass writes every key's column term
-    ``dc``; the dQ pass (or, ``one_pass``, the dK/dV pass) writes dQ and the row term ``dc_row``."""
+    ``dc``; the dQ pass (or, ``one_pass``, the dK/dV pass) writes dQ and the row term ``dc_row``. ``call``:
+    the backward's (its threshold the forward's)."""
     B, Tq, H, D = q.shape
+    sm_scale, threshold = call.sm_scale, call.threshold
     Tk = k.shape[1]
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)

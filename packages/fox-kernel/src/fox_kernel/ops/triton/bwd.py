@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.constants import LOG2E
 from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.common import block_and_head, kv_tiles, sequence_bounds, tile_bias
@@ -307,10 +308,11 @@ def _dq_kernel(
     tl.store(DC_ROW + row * stride_lb + h * stride_lh + bos + offs_m, dc_row, mask=mask_m)
 
 
-def backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, threshold, window, one_pass, options):
+def backward(do, q, k, v, c, lse, delta, call: AttentionCall, one_pass: bool):
     """(dq, dk, dv, dc, dc_row): the gradients of q, k, v and the column (B, H, Tk) and row (B, H, Tq)
-    terms of the gradient of ``c`` (``sums.gate_grad`` adds them up). ``one_pass``: the dK/dV programs
-    also add dQ and the row term in, with atomics."""
+    terms of the gradient of ``c`` (``sums.gate_grad`` adds them up). ``call``: the backward's (its
+    threshold the forward's). ``one_pass``: the dK/dV programs also add dQ and the row term in, with
+    atomics."""
     B, Tq, H, _ = q.shape
     Tk = k.shape[1]
     dq = torch.empty_like(q)
@@ -319,38 +321,36 @@ def backward(do, q, k, v, c, lse, delta, seq_start, cu_seqlens, sm_scale, thresh
     dc = torch.zeros(B, H, Tk, dtype=torch.float32, device=q.device)  # the passes may skip keys
     # the row term of dc: summed into with atomics by the one pass, written once per row by the dQ pass
     dc_row = (torch.zeros if one_pass else torch.empty)(B, H, Tq, dtype=torch.float32, device=q.device)
-    n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tk)
-    tma = cu_seqlens is None and launch.use_tma(options, q, k, v, do)
-    flags = _flags(q, k, seq_start, cu_seqlens, threshold, window, tma, zeros=False)
-    _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags,
-               n_rows, t_max, sm_scale, window, options)
+    n_rows, t_max = launch.grid_rows(call.cu_seqlens, B, Tk)
+    tma = not call.varlen and launch.use_tma(call.options, q, k, v, do)
+    flags = _flags(q, k, call, tma, zeros=False)
+    _dkdv_pass(q, k, v, c, call, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags, n_rows, t_max)
     if not one_pass:
-        _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, flags, n_rows, t_max,
-                 sm_scale, window, options)
+        _dq_pass(q, k, v, c, call, do, lse, delta, dq, dc_row, flags, n_rows, t_max)
     return dq, dk, dv, dc, dc_row
 
 
-def backward_zero_gates(do, q, k, v, c, z, lse, delta, seq_start, cu_seqlens, sm_scale, window, grads, options):
+def backward_zero_gates(do, q, k, v, c, z, lse, delta, call: AttentionCall, grads):
     """Rewrites ``grads`` = (dq, dk, dv, dc, dc_row), from a backward of any backend on the same ``c``, where
     a gate of exactly 0 hides keys (``z`` from ``sums.prefix_sums(..., zeros=True)``): dK, dV and dc of
     the key blocks some query hides part of, then dQ and the row term of dc of the query tiles with such
-    a gate at or before a row. Two passes, no pruning; the other programs only read ``z`` and return."""
+    a gate at or before a row. Two passes, no pruning (the call's threshold is not read); the other
+    programs only read ``z`` and return."""
     dq, dk, dv, dc, dc_row = grads
-    n_rows, t_max = launch.grid_rows(cu_seqlens, q.shape[0], k.shape[1])
-    flags = _flags(q, k, seq_start, cu_seqlens, None, window, False, zeros=True)
-    _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, None, do, lse, delta, dk, dv, dc, dq, dc_row, False, flags,
-               n_rows, t_max, sm_scale, window, options, z)
-    _dq_pass(q, k, v, c, seq_start, cu_seqlens, None, do, lse, delta, dq, dc_row, flags, n_rows, t_max, sm_scale,
-             window, options, z)
+    n_rows, t_max = launch.grid_rows(call.cu_seqlens, q.shape[0], k.shape[1])
+    flags = _flags(q, k, call, False, zeros=True)
+    _dkdv_pass(q, k, v, c, call, do, lse, delta, dk, dv, dc, dq, dc_row, False, flags, n_rows, t_max, z)
+    _dq_pass(q, k, v, c, call, do, lse, delta, dq, dc_row, flags, n_rows, t_max, z)
 
 
-def _flags(q, k, seq_start, cu_seqlens, threshold, window, tma, zeros):
-    """The compile-time switches both passes take; ``zeros``: the zero-gate passes (no pruning)."""
+def _flags(q, k, call: AttentionCall, tma: bool, zeros: bool):
+    """The compile-time switches both passes take; ``zeros``: the zero-gate passes (no pruning: HAS_THRESH
+    off whatever the call's threshold)."""
     return dict(
-        GROUP=q.shape[2] // k.shape[2], IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None,
-        HAS_THRESH=threshold is not None, EVEN_D=launch.block_d(q.shape[3]) == q.shape[3],
-        PRECISION=launch.precision(q.dtype), HAS_WINDOW=window > 0, USE_TMA=tma, SCAN=launch.scan(), ZEROS=zeros,
-        HAS_LOWER=zeros or window > 0,
+        GROUP=q.shape[2] // k.shape[2], IS_VARLEN=call.varlen, HAS_SEQ_START=call.seq_start is not None,
+        HAS_THRESH=not zeros and call.threshold is not None, EVEN_D=launch.block_d(q.shape[3]) == q.shape[3],
+        PRECISION=launch.precision(q.dtype), HAS_WINDOW=call.has_window, USE_TMA=tma, SCAN=launch.scan(),
+        ZEROS=zeros, HAS_LOWER=zeros or call.has_window,
     )
 
 
@@ -359,11 +359,13 @@ def _tiles(kind, q, flags):
     return (launch.rerun_config if flags["ZEROS"] else launch.config)(kind, q.shape[3], q.dtype, q.device)
 
 
-def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags,
-               n_rows, t_max, sm_scale, window, options, z=None):
-    """dK, dV and the column term of dc; with ``one_pass`` also dQ (written into ``dq``) and the row term."""
+def _dkdv_pass(q, k, v, c, call, do, lse, delta, dk, dv, dc, dq, dc_row, one_pass, flags, n_rows, t_max, z=None):
+    """dK, dV and the column term of dc; with ``one_pass`` also dQ (written into ``dq``) and the row term.
+    Pruned by the call's threshold where ``flags`` has HAS_THRESH."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
+    seq_start, cu_seqlens, sm_scale, window = call.seq_start, call.cu_seqlens, call.sm_scale, call.window
+    threshold = call.threshold if flags["HAS_THRESH"] else None
     cfg = _tiles("fused" if one_pass else "dkdv", q, flags)
     q_desc, do_desc = launch.descriptors((q, do), cfg["BLOCK_M"], cfg, flags["USE_TMA"])
     if one_pass:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
@@ -382,8 +384,8 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False, window)
     # the zero-gate passes read c in float64 instead (one launch less)
     clq = None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
-    grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), options.order_dkdv, D,
-                                    H // Hkv)
+    grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), call.options.order_dkdv,
+                                    D, H // Hkv)
     launch.any_length(_dkdv_kernel, Tq, Tk)[grid](
         q, k, v, c, clq, z, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
         dq_acc, dc_row, dq_desc,
@@ -396,14 +398,16 @@ def _dkdv_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dk,
         torch.mul(dq_acc[..., :Tq].permute(0, 3, 1, 2), sm_scale, out=dq)
 
 
-def _dq_pass(q, k, v, c, seq_start, cu_seqlens, threshold, do, lse, delta, dq, dc_row, flags, n_rows, t_max,
-             sm_scale, window, options, z=None):
+def _dq_pass(q, k, v, c, call, do, lse, delta, dq, dc_row, flags, n_rows, t_max, z=None):
+    """dQ and the row term of dc; pruned by the call's threshold where ``flags`` has HAS_THRESH."""
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
+    seq_start, cu_seqlens, sm_scale, window = call.seq_start, call.cu_seqlens, call.sm_scale, call.window
+    threshold = call.threshold if flags["HAS_THRESH"] else None
     cfg = _tiles("dq", q, flags)
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, flags["USE_TMA"])
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
-    grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), options.order_dq)
+    grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), call.options.order_dq)
     launch.any_length(_dq_kernel, Tq, Tk)[grid](
         q, k, v, c, None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z,
         seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,

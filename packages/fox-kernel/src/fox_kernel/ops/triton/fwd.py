@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.constants import (
     BOUND_PER_ROW,
     BOUND_PER_TILE,
@@ -293,14 +294,16 @@ def fixed_rows(head_dim: int, options: KernelOptions) -> FixedRows:
     return FixedRows.TILE_OR_ROW if head_dim > 64 else FixedRows.TILE
 
 
-def forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, fixed, options):
+def forward(q, k, v, c, call: AttentionCall, fixed: bool):
     """(out, lse, threshold) from the prefix sums ``c`` (``sums.prefix_sums``). ``fixed``: take the fixed
-    softmax bound where it is tight enough. With ``auto_log_eps`` the pruning bound is taken per query tile
-    from the tile's own query norms and the returned (rows, H) threshold is the per-head "auto" bound for
-    the backward; otherwise ``threshold`` is returned as given. ``window``: the sliding window, 0 for none."""
+    softmax bound where it is tight enough. With ``call.auto_log_eps`` the pruning bound is taken per query
+    tile from the tile's own query norms and the returned (rows, H) threshold is the per-head "auto" bound
+    for the backward; otherwise ``call.threshold`` is returned as given."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    auto = auto_log_eps is not None
+    seq_start, cu_seqlens, threshold, window, options = (call.seq_start, call.cu_seqlens, call.threshold, call.window,
+                                                         call.options)
+    auto = call.auto_log_eps is not None
     kmax2 = key_sq_norms(k, cu_seqlens) if fixed or auto else None
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
@@ -317,12 +320,12 @@ def forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps
     args = (q, k, v, c, local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), None, seq_start, cu_seqlens,
             threshold, out, lse, k_desc, v_desc, kmax2, marks,
             launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),
-            launch.strides(lse, 2), H, Tq, Tk, D, sm_scale * LOG2E.value, window)
-    flags = dict(HAS_WINDOW=window > 0, ZEROS=False, HAS_LOWER=window > 0, GROUP=H // Hkv,
-                 IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, HAS_THRESH=threshold is not None, EVEN_D=cfg["BLOCK_D"] == D,
-                 PRECISION=launch.precision(q.dtype), USE_TMA=tma, SCAN=launch.scan(), HEADS_FIRST=heads_first,
-                 GAP=FIXED_BOUND_GAP, ROWS=int(fixed_rows(D, options)), AUTO=auto, LOG_EPS=float(auto_log_eps or 0.0),
-                 **cfg)
+            launch.strides(lse, 2), H, Tq, Tk, D, call.sm_scale * LOG2E.value, window)
+    flags = dict(HAS_WINDOW=call.has_window, ZEROS=False, HAS_LOWER=call.has_window, GROUP=H // Hkv,
+                 IS_VARLEN=call.varlen, HAS_SEQ_START=seq_start is not None, HAS_THRESH=threshold is not None,
+                 EVEN_D=cfg["BLOCK_D"] == D, PRECISION=launch.precision(q.dtype), USE_TMA=tma, SCAN=launch.scan(),
+                 HEADS_FIRST=heads_first, GAP=FIXED_BOUND_GAP, ROWS=int(fixed_rows(D, options)), AUTO=auto,
+                 LOG_EPS=float(call.auto_log_eps or 0.0), **cfg)
     kernel = launch.any_length(_fwd_kernel, Tq, Tk)
     if fixed:
         kernel[grid](*args, FIXED=True, MARKED=False, **flags)
@@ -332,12 +335,13 @@ def forward(q, k, v, c, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps
     return out, lse, threshold
 
 
-def forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, out, lse):
+def forward_zero_gates(q, k, v, c, z, call: AttentionCall, out, lse):
     """Rewrites ``out`` and ``lse`` of the query tiles with a gate of exactly 0 at or before a row (``z`` from
     ``sums.prefix_sums(..., zeros=True)``), after a forward of any backend on the same ``c``: online softmax,
-    no pruning, each row hiding the keys before its last such gate. The other tiles' programs only read
-    ``z`` and return."""
+    no pruning (the call's threshold is not read), each row hiding the keys before its last such gate. The
+    other tiles' programs only read ``z`` and return."""
     B, Tq, H, D = q.shape
+    seq_start, cu_seqlens, window = call.seq_start, call.cu_seqlens, call.window
     Tk, Hkv = k.shape[1], k.shape[2]
     n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tq)
     cfg = launch.rerun_config("fwd", D, q.dtype, q.device)
@@ -346,9 +350,9 @@ def forward_zero_gates(q, k, v, c, z, seq_start, cu_seqlens, sm_scale, window, o
         q, k, v, c, None, z, seq_start, cu_seqlens, None,
         out, lse, None, None, None, None,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),
-        launch.strides(lse, 2), H, Tq, Tk, D, sm_scale * LOG2E.value, window,
-        GROUP=H // Hkv, IS_VARLEN=cu_seqlens is not None, HAS_SEQ_START=seq_start is not None, HAS_THRESH=False,
+        launch.strides(lse, 2), H, Tq, Tk, D, call.sm_scale * LOG2E.value, window,
+        GROUP=H // Hkv, IS_VARLEN=call.varlen, HAS_SEQ_START=seq_start is not None, HAS_THRESH=False,
         EVEN_D=cfg["BLOCK_D"] == D, PRECISION=launch.precision(q.dtype), USE_TMA=False, SCAN=launch.scan(),
         HEADS_FIRST=heads_first, FIXED=False, MARKED=False, GAP=FIXED_BOUND_GAP, ROWS=int(FixedRows.TILE), AUTO=False,
-        LOG_EPS=0.0, HAS_WINDOW=window > 0, ZEROS=True, HAS_LOWER=True, **cfg,
+        LOG_EPS=0.0, HAS_WINDOW=call.has_window, ZEROS=True, HAS_LOWER=True, **cfg,
     )
