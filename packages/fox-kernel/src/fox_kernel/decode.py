@@ -421,20 +421,20 @@ def forgetting_attention_with_kvcache(
     thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
     window = checks.check_window_size(window_size, T)
     scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
-    on_triton = dispatch.runs_triton(q) and q.dtype != torch.float64
-    # The Triton kernel takes int32 starts and prunes by the threshold. The PyTorch path computes exactly (no
-    # threshold) and compares the starts as given (they have no upper bound here: no cast to int32).
-    starts = seq_start.to(torch.int32).contiguous() if on_triton and seq_start is not None else seq_start
-    call = AttentionCall(scale, starts, threshold=thresh if on_triton else None, window=window)
-    if on_triton:
+    if dispatch.runs_triton(q) and q.dtype != torch.float64:
         from fox_kernel.ops.triton.decode import decode
 
         lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
-        # a custom op (a compiled decoding step calls it as it is): the call's fields as primitives
-        return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), call.seq_start, call.sm_scale,
-                      table, call.threshold, call.window)
+        starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
+        # a custom op that a compiled decoding step calls as it is: it takes the call's fields as primitives,
+        # and nothing is built here that the compiler would have to trace
+        return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table, thresh,
+                      window)
+    # The PyTorch path computes exactly (no threshold) and compares the starts as given (they have no upper
+    # bound here: no cast to int32).
+    call = AttentionCall(scale, seq_start, window=window)
     # the chunked PyTorch twin of the kernels on the cached prefix sums (c_cache as (B, H, T)), each row over
     # its own tokens
     lens = None if cache_seqlens is None else cache_seqlens.tolist()
