@@ -159,8 +159,8 @@ def pruning_args(adaptive_threshold, q, k, sm_scale: float, cu_seqlens):
 
 
 @torch.compiler.assume_constant_result  # read while tracing; a compiled graph keeps the options it saw
-def _resolved_options(options: KernelOptions | None) -> KernelOptions:
-    return options if options is not None else current_options()
+def _options_key(options: KernelOptions | None) -> str:
+    return (options if options is not None else current_options()).key
 
 
 def forgetting_attention(
@@ -255,15 +255,19 @@ def forgetting_attention(
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
     window = checks.check_window_size(window_size, Tk)
-    options = _resolved_options(options)
     if value_checks:  # read where it costs no wait for the GPU (CPU tensors, or KernelOptions.check_gates)
-        checks.check_log_gates_at_most_zero("log_fgate", log_fgate, options.check_gates)
+        checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
+                                            (options if options is not None else current_options()).check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
-    call = AttentionCall(float(sm_scale), seq_start, cu_seqlens, threshold, auto_log_eps, window, options)
-    if not value_checks:  # compiling: the custom ops, which a graph can hold
-        out, _, _ = _fwd_op(q, k, v, log_fgate, *call.op_args())
+    if not value_checks:
+        # compiling: the custom ops, which a graph can hold. Their schema takes the call's fields as
+        # primitives (the op builds the description inside), so the compiler traces no object here.
+        out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps,
+                            window, _options_key(options))
     else:
+        call = AttentionCall(float(sm_scale), seq_start, cu_seqlens, threshold, auto_log_eps, window,
+                             options if options is not None else current_options())
         out = _EagerForgettingAttention.apply(q, k, v, log_fgate, call)
     return out.transpose(1, 2) if head_first else out
