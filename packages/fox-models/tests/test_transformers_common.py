@@ -18,13 +18,15 @@ import pytest
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationConfig
-from transformers.testing_utils import torch_device
 
 from fox_models.cache import FoxCacheLayer
 from fox_models.compat import GenerationMixin, GradientCheckpointingLayer, output_cache
 from fox_models.presets import get_preset
 
 VOCAB, BATCH, SEQ = 99, 3, 7
+# The models and their inputs stay on the CPU, also on a machine with a GPU (transformers' testing device
+# would move the models to CUDA and leave the inputs here); the GPU paths have `gpu` tests of their own.
+DEVICE = "cpu"
 FAMILIES = {
     "fox-pro": dict(hidden_size=32, num_hidden_layers=2, num_heads=4, num_kv_heads=2),
     "fox-llama": dict(hidden_size=32, num_hidden_layers=2, num_heads=4),
@@ -66,7 +68,7 @@ class CausalLMTester:
     def model(self, seed=0, cls=AutoModelForCausalLM, **overrides):
         torch.manual_seed(seed)
         model = cls.from_config(self.config(**overrides))
-        return (model.double() if self.family in RECURRENT else model).eval().to(torch_device)
+        return (model.double() if self.family in RECURRENT else model).eval().to(DEVICE)
 
     def inputs(self, batch=BATCH, seq=SEQ, seed=0):
         ids = ids_tensor((batch, seq), seed=seed)
