@@ -10,8 +10,8 @@ also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pa
 indices, filled by ``append_to_paged_cache``. On CUDA
 (and with ``TRITON_INTERPRET=1``) a split-KV Triton kernel runs (``ops/triton/decode.py``); otherwise the
 chunked PyTorch twin of the kernels (``ops/chunked.py``, ``forward_from_sums``) on the cached prefix sums,
-so a long chunked prefill never holds more than (B, H, chunk, T) scores. Either path gets the call's scale,
-starts, window and threshold as one ``AttentionCall`` (``ops/call.py``).
+so a long chunked prefill never holds more than (B, H, chunk, T) scores, given the call's scale, starts and
+window as one ``AttentionCall`` (``ops/call.py``); the Triton path's custom op takes them as primitives.
 
 Precision: the cached prefix sums ``c`` are float32 on every path. They are summed in float64 and
 rounded once when stored, so float64 q/k/v (which run the PyTorch path in float64) get the decay term

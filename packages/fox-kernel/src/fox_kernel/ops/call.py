@@ -1,7 +1,9 @@
 """``AttentionCall``: one frozen description of a Forgetting Attention call, passed down as one object.
 
 The public entry points (``forgetting_attention``, ``forgetting_attention_with_kvcache``,
-``context_parallel_forgetting_attention``) check their arguments, then build one ``AttentionCall``: the
+``context_parallel_forgetting_attention``) check their arguments, then build one ``AttentionCall`` on the
+paths they run eagerly (under ``torch.compile``, and on decode's Triton path, the custom ops take the fields
+as primitives and build it inside, so the compiler traces no object): the
 sequence starts, packed lengths, score scale, pruning threshold (or the "auto" bound's tolerance), sliding
 window and kernel options. ``dispatch.forward`` / ``backward`` and the host functions of every backend
 (``triton/fwd.py``, ``triton/bwd.py``, ``gluon/host.py``, ``chunked.py``) take it in place of those
@@ -11,8 +13,9 @@ arguments.
 Adding an attention option (a per-head window, an attention sink, ...): add its field here (and, where
 several places test it, a property), fill it in at the entry points, and read it in the kernels' host
 functions that implement it. A torch.library custom op cannot take this object: its schema lists the
-fields as primitives (``op_args`` and ``from_op_args`` convert, so the new field goes there too, and into
-the custom ops' schemas in ``forgetting_attention.py``). Autograd keeps the call's tensors with
+fields as primitives (``op_args`` and ``from_op_args`` convert, so the new field goes there too, into
+the custom ops' schemas in ``forgetting_attention.py`` and into ``forgetting_attention``'s compiled call of
+its forward op). Autograd keeps the call's tensors with
 ``save_for_backward`` and the rest on ``ctx`` (``saved`` and ``from_saved``).
 """
 

@@ -6,9 +6,10 @@ ops with fake implementations, so ``torch.compile(fullgraph=True)`` traces throu
 options travel through them as one string (``KernelOptions.key``). Eager calls take a plain
 ``torch.autograd.Function`` around the same two dispatch functions, which costs less host time per call.
 
-After its checks ``forgetting_attention`` describes the call once, as an ``AttentionCall`` (``call.py``),
-and passes that object down to ``dispatch`` and the backends. The custom ops take its fields as
-primitives (``AttentionCall.op_args``) and rebuild it inside (``AttentionCall.from_op_args``).
+After its checks an eager ``forgetting_attention`` describes the call once, as an ``AttentionCall``
+(``call.py``), and passes that object down to ``dispatch`` and the backends. The custom ops take its fields
+as primitives (a compiled call passes them as they are) and rebuild it inside
+(``AttentionCall.from_op_args``).
 """
 
 from __future__ import annotations
