@@ -38,3 +38,24 @@ def test_a_field_the_preset_lacks_is_named():
     with pytest.raises(ValueError, match=r"^model.state_size is not a field of fox-pro-tiny "
                                          r"\(ForgettingTransformerConfig\)$"):
         model_config(ModelConfig(preset="fox-pro-tiny", **preset_fields("fox-pro-tiny"), state_size=16))
+
+
+@pytest.mark.parametrize("preset, key", [("fox-pro-tiny", "norm_epsilon"), ("transformer-llama-tiny", "qk_norm"),
+                                          ("mamba2-tiny", "fgate_type")])
+def test_an_override_the_preset_lacks_is_named(preset, key):
+    """transformers' configs keep unknown keywords as attributes no model reads: a misspelt override (or one of
+    another family) is refused rather than training the preset unchanged."""
+    cfg = ModelConfig(preset=preset, **preset_fields(preset), overrides={key: 1})
+    with pytest.raises(ValueError, match=rf"^model.overrides.{key} is not a field of {preset} \(\w+Config\)$"):
+        model_config(cfg)
+
+
+@pytest.mark.parametrize("preset, overrides", [
+    ("fox-pro-tiny", dict(norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="eager")),
+    ("hgrn2-tiny", dict(use_lower_bound=False)),
+    ("transformer-llama-tiny", dict(initializer_range=0.01, output_hidden_states=True)),
+])
+def test_overrides_of_real_fields_are_applied(preset, overrides):
+    config = model_config(ModelConfig(preset=preset, **preset_fields(preset), overrides=overrides))
+    for key, value in overrides.items():
+        assert getattr(config, "_attn_implementation" if key == "attn_implementation" else key) == value

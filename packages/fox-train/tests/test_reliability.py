@@ -159,6 +159,10 @@ def test_a_run_refused_after_tokenizing_leaves_no_token_cache(tmp_path):
     ("model.hidden_size=-1", "model.hidden_size must be an int >= 1, got -1"),  # named as hidden_size
     ("model.num_hidden_layers=-1", "model.num_hidden_layers must be an int >= 1, got -1"),
     ("+model.overrides.norm_eps=-1", "model.overrides.norm_eps must be a finite number > 0, got -1"),
+    # a misspelt field: transformers' configs keep it as an attribute no model reads, so the run trained the
+    # preset unchanged
+    ("+model.overrides.norm_epsilon=1e-5",
+     "model.overrides.norm_epsilon is not a field of fox-pro-tiny (ForgettingTransformerConfig)"),
 ])
 def test_settings_torch_or_the_model_would_refuse_are_named_as_set(tmp_path, override, message):
     """Values that AdamW, numpy's seeding or the model's config refused in words naming no setting (or a

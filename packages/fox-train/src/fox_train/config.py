@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import math
 import string
 from dataclasses import dataclass, field, fields
@@ -365,6 +366,21 @@ def check(cfg: TrainConfig) -> None:
     model_config(cfg.model)
 
 
+# keyword arguments transformers' configs take without keeping an attribute of that name
+_CONFIG_KEYWORDS = frozenset({"attn_implementation"})
+
+
+def _is_config_field(config, key: str) -> bool:
+    """Whether ``key`` names a field of ``config`` (its attributes, its classes' ``__init__`` keywords and
+    transformers' config keywords): transformers' configs keep any unknown keyword as an attribute that no
+    model reads, so a misspelt override would otherwise train the preset unchanged without a word."""
+    if hasattr(config, key) or key in _CONFIG_KEYWORDS:
+        return True
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return any(key != "self" and key in (params := inspect.signature(cls.__init__).parameters)
+               and params[key].kind in named for cls in type(config).__mro__ if "__init__" in vars(cls))
+
+
 def model_config(cfg: ModelConfig):
     """The fox-models config for a preset name (tiny presets included) with the fields and overrides applied.
     A field the config refuses is named as it is set here: ``model.hidden_size``, ``model.overrides.norm_eps``
@@ -375,9 +391,10 @@ def model_config(cfg: ModelConfig):
 
     config = get_preset(cfg.preset)
     given = {k: getattr(cfg, k) for k in MODEL_FIELDS if getattr(cfg, k) is not None}
-    for k in given:
-        if not hasattr(config, k):
-            raise ValueError(f"model.{k} is not a field of {cfg.preset} ({type(config).__name__})")
+    for where, keys in (("model", given), ("model.overrides", cfg.overrides)):
+        for k in keys:
+            if not _is_config_field(config, k):
+                raise ValueError(f"{where}.{k} is not a field of {cfg.preset} ({type(config).__name__})")
     try:
         return get_preset(cfg.preset, **{**given, **dict(cfg.overrides)})
     except ConfigFieldError as e:
