@@ -7,7 +7,12 @@ forward and forward+backward, at B*T = 16384 tokens and H*D = 2048; a GQA case; 
 slow gates, where the official kernel and ours also run with one per-head bound, the same for both. Prints a
 table and writes JSON.
 
-    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH]
+Calls are eager (the host's Python and launches included: what a plain PyTorch loop sees). With ``--graph``
+every contender's attention cell is also timed replayed from a CUDA graph captured once (the GPU time alone,
+``bench_pruning.py``'s capture), as a second table and the JSON keys "NAME graph": where a contender's eager
+cell is below its graph cell, that call waits on its host.
+
+    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH] [--graph]
 """
 
 from __future__ import annotations
@@ -102,6 +107,13 @@ def _time(fn, args, mode):
     return triton.testing.do_bench(step, warmup=50, rep=200, return_mode="median")
 
 
+def _time_graph(fn, args, mode):
+    """``_time``'s call replayed from a CUDA graph captured once: the GPU time alone."""
+    from bench_pruning import _time_graph as graph_time  # the same capture and timing as bench_pruning's
+
+    return graph_time(lambda q, k, v, lf, _: fn(q, k, v, lf), (*args, None), mode)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_attention.json")
@@ -109,6 +121,7 @@ def main():
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--decode-only", action="store_true", help="only the decoding cases")
     ap.add_argument("--official", help="path of the official FoX kernel's forgetting_attention.py (pruning paper)")
+    ap.add_argument("--graph", action="store_true", help="also time each attention cell from a CUDA graph (GPU time)")
     args = ap.parse_args()
     official = None
     if args.official:
@@ -144,14 +157,14 @@ def main():
             row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, mode=mode)
             for name, fn in contenders.items():
                 if name == "fox one-pass" and mode == "fwd":
-                    row[name] = float("nan")
+                    row[name] = row[f"{name} graph"] = float("nan")
                     continue
-                try:
-                    ms = _time(fn, inputs, mode)
-                    row[name] = _flops(B, H, T, D, mode) / ms / 1e9
-                except Exception as e:  # a contender that cannot run this case is reported, not fatal
-                    print(f"{name} failed at {row}: {type(e).__name__}: {str(e)[:200]}")
-                    row[name] = float("nan")
+                for timer, key in ((_time, name), *([(_time_graph, f"{name} graph")] if args.graph else [])):
+                    try:
+                        row[key] = _flops(B, H, T, D, mode) / timer(fn, inputs, mode) / 1e9
+                    except Exception as e:  # a contender that cannot run (or be captured) is reported, not fatal
+                        print(f"{key} failed at {row}: {type(e).__name__}: {str(e)[:200]}")
+                        row[key] = float("nan")
             rows.append(row)
             print(_fmt_row(row, contenders))
 
@@ -186,6 +199,11 @@ def main():
     print(_fmt_header(contenders))
     for row in rows:
         print(_fmt_row(row, contenders))
+    if args.graph:
+        print("TFLOP/s replayed from a CUDA graph (GPU time alone)")
+        print(_fmt_header(contenders))
+        for row in rows:
+            print(_fmt_row(row, contenders, suffix=" graph"))
     with open(args.out, "w") as f:
         json.dump(dict(env=env, attention=rows, acp=acp, decode=decode), f, indent=1)
 
@@ -244,9 +262,10 @@ def _fmt_header(contenders):
     return f"{'B':>3} {'T':>6} {'H':>3} {'Hkv':>3} {'D':>4} {'mode':8} " + " ".join(f"{n:>11}" for n in contenders) + "  ours/cudnn"
 
 
-def _fmt_row(row, contenders):
-    ratio = row["fox (ours)"] / row["sdpa_cudnn"] if row.get("sdpa_cudnn") else math.nan
-    vals = " ".join(f"{row[n]:11.1f}" for n in contenders)
+def _fmt_row(row, contenders, suffix=""):
+    ours, cudnn = row.get("fox (ours)" + suffix), row.get("sdpa_cudnn" + suffix)
+    ratio = ours / cudnn if ours is not None and cudnn else math.nan
+    vals = " ".join(f"{row.get(n + suffix, math.nan):11.1f}" for n in contenders)
     return f"{row['B']:3d} {row['T']:6d} {row['H']:3d} {row['Hkv']:3d} {row['D']:4d} {row['mode']:8} {vals}  {ratio:10.2f}"
 
 

@@ -89,8 +89,8 @@ def _time_graph(fn, args, mode):
         if mode == "fwd":
             with torch.no_grad():
                 fn(*leaves, args[4])
-        else:
-            torch.autograd.grad(fn(*leaves, args[4]), leaves, do)
+        else:  # allow_unused: bench_attention.py's SDPA cells take no gates
+            torch.autograd.grad(fn(*leaves, args[4]), leaves, do, allow_unused=True)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
