@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 
 import torch
 import torch.nn.functional as F
 import triton
+from host_overhead import host_us  # this folder's: host time per call, one synchronisation at the end
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench, do_bench_cudagraph
 
@@ -37,19 +37,6 @@ def inputs(B, T, H, D):
     return q, k, v, F.logsigmoid(torch.randn(B, T, H, device="cuda") + 4.0)
 
 
-def host_us(fn, calls=300):
-    """Mean host microseconds per call (launches queued, one synchronisation at the end)."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return host / calls * 1e6
-
-
 def attention_rows(res):
     for B, T, H, D in SHAPES:
         q, k, v, lf = inputs(B, T, H, D)
@@ -60,7 +47,7 @@ def attention_rows(res):
 
             res[key + "_fwd_loop_ms"] = do_bench(fwd, warmup=50, rep=200, return_mode="median")
             res[key + "_fwd_graph_ms"] = do_bench_cudagraph(fwd, rep=200, return_mode="median")
-            res[key + "_fwd_host_us"] = host_us(fwd)
+            res[key + "_fwd_host_us"] = host_us(fwd, 300)
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 def cudnn():
                     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -88,7 +75,7 @@ def decode_rows(res):
 
         res[key + "_loop_ms"] = do_bench(ours, warmup=50, rep=200, return_mode="median")
         res[key + "_graph_ms"] = do_bench_cudagraph(ours, rep=200, return_mode="median")
-        res[key + "_host_us"] = host_us(ours)
+        res[key + "_host_us"] = host_us(ours, 300)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
         def sdpa():
