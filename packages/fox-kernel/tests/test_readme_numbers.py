@@ -1,0 +1,96 @@
+"""The kernel README's latest speed tables hold the numbers of the one benchmark run they cite.
+
+The README says every cell of its "latest run" tables (attention against every contender, pruning against the
+official kernel, decoding) comes from one ``bench_attention.py`` run, whose JSON is kept in ``benchmarks/``.
+This reads those tables back and compares each cell with the JSON, so that a table edited by hand, or a JSON
+replaced by another run's, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+START = "The latest run: every number of this table"
+
+
+def _run_json():
+    name = re.search(r"`benchmarks/(bench-attention-[^`]+\.json)`", README[README.index(START):]).group(1)
+    return json.loads((ROOT / "benchmarks" / name).read_text())
+
+
+def _tables():
+    """The markdown tables of the latest-run section, each a list of rows of cell strings (header dropped)."""
+    section = README[README.index(START):README.index("Older runs")]
+    tables, rows = [], []
+    for line in section.splitlines() + [""]:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows:
+            tables.append([r for r in rows[2:]])  # header and |---| rule
+            rows = []
+    return tables
+
+
+def _number(cell: str) -> float:
+    """A cell's first number (bold marks and units dropped); NaN for a dash or words."""
+    found = re.search(r"-?\d+(?:\.\d+)?", cell.replace("**", ""))
+    return float(found.group()) if found and not cell.startswith("(") else math.nan
+
+
+def _same(cell: str, value: float, digits: int) -> bool:
+    shown = _number(cell)
+    if math.isnan(value) or value is None:
+        return math.isnan(shown)
+    return shown == round(value, digits)
+
+
+def test_the_section_has_its_three_tables():
+    assert [len(t) for t in _tables()] == [12, 6, 2]
+
+
+def test_attention_cells_are_the_runs():
+    data = _run_json()["attention"]
+    names = ["sdpa_cudnn", "sdpa_flash", "flex_fox", "fla", "official", "fox one-pass", "fox (ours)"]
+    table = _tables()[0]
+    assert len(table) == len(data)
+    for row, run in zip(table, data):
+        T, heads, D, mode = row[:4]
+        assert (int(T.split("k")[0]) * 1024, heads, int(D), mode) == \
+            (run["T"], f"{run['H']}/{run['Hkv']}", run["D"], run["mode"])
+        for cell, name in zip(row[4:11], names):
+            assert _same(cell, run[name], 1), (row, name, run[name])
+        assert _same(row[11], run["fox (ours)"] / run["sdpa_cudnn"], 2)
+
+
+def test_pruning_cells_are_the_runs():
+    data = _run_json()["acp"]
+    keys = ["tflops_exact", "tflops_effective_pruned", "tflops_effective ours per-head",
+            "tflops_effective official exact", "tflops_effective official per-head"]
+    table = _tables()[1]
+    assert len(table) == len(data)
+    for row, run in zip(table, data):
+        assert row[1] == run["mode"]
+        assert _same(row[0].split("(")[1], run["mean_log_f"], 3 if abs(run["mean_log_f"]) < 0.1 else 2)
+        for cell, key in zip(row[2:7], keys):
+            assert _same(cell, run[key], 1), (row, key)
+        if row[7]:
+            ratio = run["tflops_effective official per-head"] / run["tflops_effective ours per-head"]
+            assert _same(row[7], ratio, 2)
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_decoding_cells_are_the_runs(i):
+    run = _run_json()["decode"][i]
+    row = _tables()[2][i]
+    assert row[0] == f"{run['B']} × {run['T'] // 1024}k"
+    for cell, key in zip(row[1:6], ("ours", "paged16", "paged256", "pruned", "sdpa_no_gate")):
+        assert _same(cell, run[f"{key}_TBps"], 2), (row, key)
+    assert _same(row[1].split("(")[1], run["ours_ms"] * 1e3, 0)
+    assert _same(row[6], run["ours_TBps"] / run["sdpa_no_gate_TBps"], 2)
