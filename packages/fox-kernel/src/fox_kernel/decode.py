@@ -322,51 +322,11 @@ def _gather_pages(x: torch.Tensor, block_table: torch.Tensor, flag: bool = False
     return pages.reshape(pages.shape[0], -1, *x.shape[2:])
 
 
-def forgetting_attention_with_kvcache(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    c_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor | None = None,
-    *,
-    seq_start: torch.Tensor | None = None,
-    sm_scale: float | None = None,
-    block_table: torch.Tensor | None = None,
-    adaptive_threshold: float | torch.Tensor | None = None,
-    window_size: int | None = None,
-) -> torch.Tensor:
-    """Attention of the newest ``Tq`` tokens (already appended) over the cache.
-
-    q: (B, Tq, H, D), end-aligned with each row's valid length L_b (``cache_seqlens``, default the
-    cache's length T): query i sits at cache position L_b - Tq + i. Returns (B, Tq, H, D) in q's dtype;
-    rows of padding positions return 0. With ``block_table`` (B, pages per row) int32 the caches are
-    paged, (num_pages, page_size, Hkv, D) and (num_pages, page_size, H), and ``cache_seqlens`` is required.
-
-    ``adaptive_threshold`` (a number or a (B, H) tensor, in the units of ``c``): the Triton kernel skips
-    leading cache tiles where ``c_query - c_key`` stays below it for every query row it serves (whole
-    tiles are never read). With the bound of ``fox_kernel.pruning`` the dropped weight is at most eps, and the
-    bound is finite and negative (anything else is refused). The PyTorch path ignores it and computes
-    exactly.
-
-    ``window_size`` W: the query at cache position i sees keys i - W < j <= i (as ``forgetting_attention``);
-    cache tiles wholly before every served row's window are never read.
-
-    ``seq_start`` (B,) counts in cache positions and may exceed the cached length (a row that is all
-    padding so far, in a chunked prefill of left-padded prompts: its rows return 0).
-
-    ``sm_scale``: a finite positive number (default ``D ** -0.5``). q and the K/V caches hold float16,
-    bfloat16, float32 or float64 (integers are refused, not cast); float64 runs the PyTorch path, with
-    the prefix sums at float32 accuracy (the cache's).
-
-    Checks: shapes, dtypes and devices always (the caches must have q's batch: no broadcasting). Values
-    only for CPU tensors, as reading a CUDA tensor waits for the GPU: ``cache_seqlens`` in [Tq, T],
-    ``seq_start >= 0``, the page indices each row's tokens use in [0, num_pages) (entries past a row's
-    length are never read), the threshold, and no -inf in the valid prefix sums (a gate of exactly 0,
-    which a cache of prefix sums cannot represent; ``append_to_cache`` refuses it too). NaN prefix sums
-    give NaN rows, never zeros. On CUDA, out-of-range values are not read on the host: lengths past the
-    cache and page indices outside the pool give NaN rows (the kernel reads only inside the buffers),
-    negative starts count as 0, and query rows before position 0 (a length below Tq) return 0.
-    """
+def _decode_caches(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, block_table):
+    """``forgetting_attention_with_kvcache``'s checks of q, the caches, lengths, starts and pages (see its
+    docstring), and its caches as the chosen path reads them: ``(k_cache, v_cache, c_cache, paged, T)``,
+    where ``paged`` is the block table the Triton kernel takes (None for contiguous caches, and for a paged
+    cache that the PyTorch path reads gathered into rows) and T the tokens a row can hold."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache)):
         checks.require_tensor(name, x)
     checks.require_rank("q", q, 4, "(B, Tq, H, D)")
@@ -418,6 +378,57 @@ def forgetting_attention_with_kvcache(
     if seq_start is not None:
         checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
     _check_cache_values(None if paged is not None else c_cache, cache_seqlens, seq_start, Tq, T)
+    return k_cache, v_cache, c_cache, paged, T
+
+
+def forgetting_attention_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    c_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor | None = None,
+    *,
+    seq_start: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    block_table: torch.Tensor | None = None,
+    adaptive_threshold: float | torch.Tensor | None = None,
+    window_size: int | None = None,
+) -> torch.Tensor:
+    """Attention of the newest ``Tq`` tokens (already appended) over the cache.
+
+    q: (B, Tq, H, D), end-aligned with each row's valid length L_b (``cache_seqlens``, default the
+    cache's length T): query i sits at cache position L_b - Tq + i. Returns (B, Tq, H, D) in q's dtype;
+    rows of padding positions return 0. With ``block_table`` (B, pages per row) int32 the caches are
+    paged, (num_pages, page_size, Hkv, D) and (num_pages, page_size, H), and ``cache_seqlens`` is required.
+
+    ``adaptive_threshold`` (a number or a (B, H) tensor, in the units of ``c``): the Triton kernel skips
+    leading cache tiles where ``c_query - c_key`` stays below it for every query row it serves (whole
+    tiles are never read). With the bound of ``fox_kernel.pruning`` the dropped weight is at most eps, and the
+    bound is finite and negative (anything else is refused). The PyTorch path ignores it and computes
+    exactly.
+
+    ``window_size`` W: the query at cache position i sees keys i - W < j <= i (as ``forgetting_attention``);
+    cache tiles wholly before every served row's window are never read.
+
+    ``seq_start`` (B,) counts in cache positions and may exceed the cached length (a row that is all
+    padding so far, in a chunked prefill of left-padded prompts: its rows return 0).
+
+    ``sm_scale``: a finite positive number (default ``D ** -0.5``). q and the K/V caches hold float16,
+    bfloat16, float32 or float64 (integers are refused, not cast); float64 runs the PyTorch path, with
+    the prefix sums at float32 accuracy (the cache's).
+
+    Checks: shapes, dtypes and devices always (the caches must have q's batch: no broadcasting). Values
+    only for CPU tensors, as reading a CUDA tensor waits for the GPU: ``cache_seqlens`` in [Tq, T],
+    ``seq_start >= 0``, the page indices each row's tokens use in [0, num_pages) (entries past a row's
+    length are never read), the threshold, and no -inf in the valid prefix sums (a gate of exactly 0,
+    which a cache of prefix sums cannot represent; ``append_to_cache`` refuses it too). NaN prefix sums
+    give NaN rows, never zeros. On CUDA, out-of-range values are not read on the host: lengths past the
+    cache and page indices outside the pool give NaN rows (the kernel reads only inside the buffers),
+    negative starts count as 0, and query rows before position 0 (a length below Tq) return 0.
+    """
+    k_cache, v_cache, c_cache, paged, T = _decode_caches(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start,
+                                                         block_table)
+    B, Tq, H, D = q.shape
     thresh = _decode_threshold(adaptive_threshold, B, H, q.device)  # checked on every path
     window = checks.check_window_size(window_size, T)
     scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
