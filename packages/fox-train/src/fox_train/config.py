@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import math
 import string
 from dataclasses import dataclass, field, fields
@@ -371,14 +370,10 @@ _CONFIG_KEYWORDS = frozenset({"attn_implementation"})
 
 
 def _is_config_field(config, key: str) -> bool:
-    """Whether ``key`` names a field of ``config`` (its attributes, its classes' ``__init__`` keywords and
-    transformers' config keywords): transformers' configs keep any unknown keyword as an attribute that no
-    model reads, so a misspelt override would otherwise train the preset unchanged without a word."""
-    if hasattr(config, key) or key in _CONFIG_KEYWORDS:
-        return True
-    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return any(key != "self" and key in (params := inspect.signature(cls.__init__).parameters)
-               and params[key].kind in named for cls in type(config).__mro__ if "__init__" in vars(cls))
+    """Whether ``key`` names a field of ``config`` (every keyword of the presets' config classes is kept as an
+    attribute) or is one of transformers' config keywords: transformers' configs keep any unknown keyword as
+    an attribute that no model reads, so a misspelt override would otherwise train the preset unchanged."""
+    return hasattr(config, key) or key in _CONFIG_KEYWORDS
 
 
 def model_config(cfg: ModelConfig):
