@@ -33,7 +33,7 @@ def _tables():
         if line.startswith("|"):
             rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
         elif rows:
-            tables.append([r for r in rows[2:]])  # header and |---| rule
+            tables.append(rows[2:])  # header and |---| rule
             rows = []
     return tables
 
@@ -46,7 +46,7 @@ def _number(cell: str) -> float:
 
 def _same(cell: str, value: float, digits: int) -> bool:
     shown = _number(cell)
-    if math.isnan(value) or value is None:
+    if value is None or math.isnan(value):
         return math.isnan(shown)
     return shown == round(value, digits)
 
