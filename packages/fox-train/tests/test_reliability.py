@@ -181,3 +181,17 @@ def test_an_empty_token_file_is_named(tmp_path):
     with pytest.raises(SystemExit) as e:
         main([f"out_dir={tmp_path / 'out'}", "run_name=r", *SMALL, "data=tokens", f"data.path={empty}"])
     assert _one_line(e) == f"fox-train: data.path '{empty}' holds no tokens"
+
+
+def test_gradients_that_are_not_finite_stop_the_run_before_that_step_is_saved(tmp_path):
+    """A learning rate of 1e30 blows the weights up in step 1, so step 2's gradients are not finite: the run
+    stops at step 2's end in one line naming the step, and only step 1's checkpoint is on disk (the
+    weights the optimizer step of step 2 wrote NaN into are never saved)."""
+    with pytest.raises(SystemExit) as e:
+        main([f"out_dir={tmp_path}", "run_name=r", "model=fox-pro-tiny", *SMALL, "optimizer.lr=1e30",
+              "schedule.warmup_tokens=0", "schedule.total_tokens=1280", "checkpoint_every=1", "keep_last=5"])
+    message = _one_line(e)
+    assert message.startswith("fox-train: step 2: the gradient norm is ") and "stopped before saving" in message
+    norm = message.removeprefix("fox-train: step 2: the gradient norm is ").split(";")[0]
+    assert not np.isfinite(float(norm))
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir()) == ["step-00000001"]

@@ -241,7 +241,8 @@ def _job(dict_cfg: DictConfig, run_dir: Path) -> str:
         from fox_train.train import train
 
         done = train(cfg, record=lambda d: _save_hydra_record(dict_cfg, d))
-    except (OSError, ValueError, ImportError) as e:  # OSError: a missing file, a full or read-only disk
+    # OSError: a missing file, a full or read-only disk; FloatingPointError: gradients not finite
+    except (OSError, ValueError, ImportError, FloatingPointError) as e:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             raise RunError(str(e)) from None  # Hydra records the failed job, the sweep goes on, main() reports it
         raise SystemExit(f"fox-train: {e}") from None

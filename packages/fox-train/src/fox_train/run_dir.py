@@ -166,13 +166,3 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-
-    def requested(self, fabric) -> int:
-        """The signal received (0: none), agreed by all ranks: each stops after the same step. Across ranks
-        this is a collective and a host sync each step, a small cost next to a multi-device step."""
-        if fabric.world_size == 1:
-            return self.received
-        import torch
-
-        flag = torch.tensor(float(self.received), device=fabric.device)
-        return int(fabric.all_reduce(flag, reduce_op="max").item())

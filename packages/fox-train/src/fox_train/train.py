@@ -115,6 +115,25 @@ def _micro_batch(fabric: L.Fabric, model, strategy, last: bool):
         yield
 
 
+def _step_end(fabric: L.Fabric, step_loss: torch.Tensor, grad_norm, received: int) -> tuple[float, float, int]:
+    """(this step's loss, mean over ranks; the gradient norm, 0.0 without clipping; the stop signal, agreed by
+    all ranks so that each stops after the same step): one all-reduce, without Fabric's barrier, and one
+    read back to the host a step. The loss and norm are divided by the world size before the sum (the norm
+    is the same on every rank), the signals counted per kind (SIGTERM wins)."""
+    world = fabric.world_size
+    if grad_norm is None:
+        grad_norm = torch.zeros((), device=step_loss.device)
+    elif hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
+    flags = [float(received == signal.SIGINT), float(received == signal.SIGTERM)]
+    values = torch.cat([torch.stack([step_loss.float(), grad_norm.float().to(step_loss.device)]) / world,
+                        torch.tensor(flags, device=step_loss.device)])
+    if world > 1:
+        torch.distributed.all_reduce(values)
+    loss, norm, sigint, sigterm = values.tolist()
+    return loss, norm, (signal.SIGTERM if sigterm else signal.SIGINT if sigint else 0)
+
+
 def _keep_grad_storage(model) -> None:
     """Give every trainable parameter a zero gradient that stays (zero_grad(set_to_none=False) after it).
 
@@ -322,23 +341,27 @@ def _train_steps(cfg, fabric, mesh, model, optimizer, state, sampler, train_src,
                 fabric.backward(loss.mean() / sampler.accum_steps)
             step_loss += loss.detach().float().mean() / sampler.accum_steps
             pos_loss = loss.detach().float() if pos_loss is None else pos_loss + loss.detach().float()
-        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=o.grad_clip) if o.grad_clip > 0 else None
+        # no host wait here (error_if_nonfinite would read the norm back before the optimizer step is
+        # queued): the norm is checked at the step's end, before anything of this step is saved
+        grad_norm = fabric.clip_gradients(model, optimizer, max_norm=o.grad_clip, error_if_nonfinite=False) \
+            if o.grad_clip > 0 else None
         optimizer.step()
         optimizer.zero_grad(set_to_none=not graphs)
         state["step"] = step + 1
         done_tokens = (step + 1) * cfg.global_batch_tokens
         last = step + 1 == total_steps
-        # the loss is read back (a host sync, and a collective across ranks) only on logging steps, so the
-        # host can queue the next step's kernels while the GPU finishes this one's
+        step_loss, norm, signum = _step_end(fabric, step_loss, grad_norm, stop.received)
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"step {step + 1}: the gradient norm is {norm}; stopped before saving this "
+                                     f"step (checkpoints under {ckpt_root} hold earlier steps)")
         if (step + 1) % cfg.log_every == 0 or last:
-            step_loss = fabric.all_reduce(step_loss, reduce_op="mean").item()
             now = time.perf_counter()
             tps = (done_tokens - tok_last) / max(now - t_last, 1e-9)
             t_last, tok_last = now, done_tokens
             record = {"step": step + 1, "tokens": done_tokens, "loss": step_loss, "lr": lr, "tokens_per_s": tps,
                       **position_windows(mesh.unshard(pos_loss) / sampler.accum_steps)}
             if grad_norm is not None:
-                record["grad_norm"] = float(grad_norm)
+                record["grad_norm"] = norm
             if peak:
                 record["mfu"] = tps * flops_tok / (peak * fabric.world_size)
             bar.set_postfix(loss=f"{step_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:,.0f}")
@@ -351,7 +374,6 @@ def _train_steps(cfg, fabric, mesh, model, optimizer, state, sampler, train_src,
         saved = (step + 1) % cfg.checkpoint_every == 0 or last
         if saved:
             ckpt.save(fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
-        signum = stop.requested(fabric)
         if signum and not last:
             path = ckpt.step_dir(ckpt_root, step + 1) if saved else ckpt.save(
                 fabric, ckpt_root, step + 1, state, cfg.keep_last, cfg.keep_every)
