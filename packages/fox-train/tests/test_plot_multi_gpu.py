@@ -1,29 +1,18 @@
 """benchmarks/plot_multi_gpu.py: runs read from a result file in the chosen order, steps as numbers, a PNG
 written; a run name the file lacks is refused in one line naming the runs it has."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_multi_gpu.py"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("plot_multi_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_runs_in_order_and_a_png(tmp_path):
+def test_runs_in_order_and_a_png(tmp_path, benchmark_module):
     data = {"env": {}, "runs": {
         "ddp4": {"loss": {"1": 10.9, "2": 9.5, "10": 6.1}, "tokens_per_s": {"1": 5e4, "2": 8e5, "10": 7.9e5}},
         "gpu1": {"loss": {"1": 10.9, "2": 9.5, "10": 6.1}, "tokens_per_s": {"1": 3e4, "2": 2e5, "10": 2.1e5}},
         "note": "not a run"}}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
-    module = _load()
+    module = benchmark_module("plot_multi_gpu")
     runs = module.runs_of(data, ["gpu1", "ddp4"])
     assert list(runs) == ["gpu1", "ddp4"]
     assert runs["ddp4"]["loss"] == {1: 10.9, 2: 9.5, 10: 6.1}

@@ -1,7 +1,6 @@
 """benchmarks/profile_step.py: the step summary's arithmetic on a hand-made trace, and one recorded step of a
 two-process FSDP2 run (gloo) with the parameter-prefetch variant, whose losses must equal one process's."""
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,25 +14,18 @@ from fox_train.cli import main
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_step.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("profile_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _kernel(name, ts, dur):
     return {"cat": "kernel", "ph": "X", "name": name, "ts": ts, "dur": dur}
 
 
-def test_summary_splits_compute_nccl_and_gaps():
+def test_summary_splits_compute_nccl_and_gaps(benchmark_module):
     """Compute kernels on [0, 300) (two overlapping) and [1500, 1600); NCCL on [200, 1000) and [1550, 1700);
     a CPU op spans the gap. Busy = [0, 1000) + [1500, 1700) = 1200 us; compute = 300 + 100 = 400 us;
     NCCL alone = 1200 - 400; one compute gap over 0.5 ms: [300, 1500)."""
     events = [_kernel("gemm_a", 0, 200), _kernel("gemm_b", 100, 200), _kernel("ncclDevKernel_AllReduce", 200, 800),
               _kernel("gemm_a", 1500, 100), _kernel("ncclDevKernel_AllReduce", 1550, 150),
               {"cat": "cpu_op", "ph": "X", "name": "aten::_local_scalar_dense", "ts": 250, "dur": 1200}]
-    s = _load().summarize(events, wall_us=2000.0)
+    s = benchmark_module("profile_step").summarize(events, wall_us=2000.0)
     assert s["wall_ms"] == pytest.approx(2.0)
     assert s["gpu_busy_ms"] == pytest.approx(1.2)
     assert s["compute_busy_ms"] == pytest.approx(0.4)
