@@ -125,9 +125,10 @@ def _step_end(fabric: L.Fabric, step_loss: torch.Tensor, grad_norm, received: in
         grad_norm = torch.zeros((), device=step_loss.device)
     elif hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
         grad_norm = grad_norm.full_tensor()
-    flags = [float(received == signal.SIGINT), float(received == signal.SIGTERM)]
-    values = torch.cat([torch.stack([step_loss.float(), grad_norm.float().to(step_loss.device)]) / world,
-                        torch.tensor(flags, device=step_loss.device)])
+    # the flags are filled on the device: a tensor made from a host list would be a copy from pageable
+    # memory, which waits for the GPU to finish the step before the all-reduce is even queued
+    flags = [step_loss.new_full((), float(received == s), dtype=torch.float32) for s in (signal.SIGINT, signal.SIGTERM)]
+    values = torch.stack([step_loss.float() / world, grad_norm.float().to(step_loss.device) / world, *flags])
     if world > 1:
         torch.distributed.all_reduce(values)
     loss, norm, sigint, sigterm = values.tolist()
