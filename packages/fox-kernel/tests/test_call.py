@@ -40,7 +40,7 @@ def test_op_args_and_saved_form_rebuild_the_call():
     options = KernelOptions(backward="fused", tma=False)
     seq_start = torch.tensor([0, 3], dtype=torch.int32)
     threshold = torch.full((2, 4), -3.0)
-    call = AttentionCall(0.25, seq_start, None, threshold, None, 7, options)
+    call = AttentionCall(0.25, seq_start, None, threshold, None, 7, options, zero_gates=False)
     assert AttentionCall.from_op_args(*call.op_args()) == call
     assert AttentionCall.from_op_args(*call.op_args(backward=True)[:4], None, *call.op_args(backward=True)[4:]) == call
     auto = dataclasses.replace(call, threshold=None, auto_log_eps=-10.0)
@@ -79,7 +79,7 @@ def test_one_description_from_the_boundary_to_the_backward(monkeypatch, compiled
 
     def attend(q, k, v, lf):
         return forgetting_attention(q, k, v, lf, seq_start=seq_start, sm_scale=0.3, window_size=6,
-                                    adaptive_threshold="auto", options=options)
+                                    adaptive_threshold="auto", options=options, zero_gates=False)
 
     run = torch.compile(attend, fullgraph=True, backend="aot_eager") if compiled else attend
     out = run(q, k, v, lf)
@@ -87,7 +87,7 @@ def test_one_description_from_the_boundary_to_the_backward(monkeypatch, compiled
     assert len(fwd_calls) == len(bwd_calls) == 1
     (fc,), (bc,) = fwd_calls, bwd_calls
     # the chunked twin gets the call with the resolved per-head bound in place of the "auto" tolerance
-    assert (fc.sm_scale, fc.window, fc.options, fc.auto_log_eps) == (0.3, 6, options, None)
+    assert (fc.sm_scale, fc.window, fc.options, fc.auto_log_eps, fc.zero_gates) == (0.3, 6, options, None, False)
     assert torch.equal(fc.seq_start, seq_start) and fc.threshold.shape == (2, 4)
     assert bc.auto_log_eps is None and torch.equal(bc.threshold, fc.threshold)
     assert dataclasses.replace(bc, seq_start=None, threshold=None) == dataclasses.replace(

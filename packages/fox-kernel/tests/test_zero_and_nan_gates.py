@@ -19,6 +19,8 @@ from fox_kernel import (
     forgetting_attention_with_kvcache,
     kernel_options,
 )
+from fox_kernel.ops import dispatch
+from fox_kernel.ops.call import AttentionCall
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import assert_close_to_reference, random_log_fgate
 
@@ -39,7 +41,7 @@ def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
     return q, k, v, lf
 
 
-def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torch.float32, **kw):
+def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torch.float32, zero_gates=True, **kw):
     """forgetting_attention's output and four gradients, with q, k, v in ``dtype`` on ``device``, vs the
     float64 reference and a same-precision one, both taking the same rounded inputs (a 16-bit call is
     held to the 16-bit reference's own error)."""
@@ -47,7 +49,7 @@ def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torc
     kw = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
     exact_in = [x.detach().double().requires_grad_() for x in ins]
     same_in = [x.detach().clone().requires_grad_() for x in ins]
-    out = forgetting_attention(*ins, options=options, **kw)
+    out = forgetting_attention(*ins, options=options, zero_gates=zero_gates, **kw)
     exact = forgetting_attention_ref(*exact_in, **kw)
     same = forgetting_attention_ref(*same_in, **kw)
     assert torch.isfinite(exact).all()
@@ -117,6 +119,77 @@ def test_zero_gates_in_every_tile_and_documents_packed_by_them():
     for s, e in zip(starts, starts[1:] + [70]):
         alone = forgetting_attention(q[:, s:e], k[:, s:e], v[:, s:e], lf[:, s:e])
         torch.testing.assert_close(out[:, s:e], alone, rtol=1e-5, atol=1e-5)
+
+
+def _outputs_and_grads(q, k, v, lf, device="cpu", dtype=torch.float32, attend=forgetting_attention, **kw):
+    """forgetting_attention's output and four gradients (a fixed random upstream gradient)."""
+    ins = [x.to(device, dtype).clone().requires_grad_() for x in (q, k, v)] + [lf.to(device).clone().requires_grad_()]
+    kw = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    out = attend(*ins, **kw)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    return (out.detach(), *torch.autograd.grad(out, ins, do))
+
+
+def _count_zero_gate_passes(monkeypatch) -> list[str]:
+    """The zero-gate passes launched from now on, by name (``triton/fwd.py``, ``triton/bwd.py``)."""
+    from fox_kernel.ops.triton import bwd, fwd
+
+    launched = []
+    for module, name in ((fwd, "forward_zero_gates"), (bwd, "backward_zero_gates")):
+        def spy(*args, _original=getattr(module, name), _name=name):
+            launched.append(_name)
+            return _original(*args)
+
+        monkeypatch.setattr(module, name, spy)
+    return launched
+
+
+@pytest.mark.parametrize("kw", [{}, {"adaptive_threshold": "auto"}, {"window_size": 9},
+                                {"seq_start": torch.tensor([0, 6])},
+                                {"cu_seqlens": torch.tensor([0, 19, 47], dtype=torch.int32)}],
+                         ids=["plain", "auto", "window", "seq_start", "cu_seqlens"])
+def test_promising_no_zero_gate_skips_its_passes_and_changes_nothing(monkeypatch, kw):
+    """On gates without a 0, ``zero_gates=False`` gives the default call's output and gradients bit for bit
+    (and the reference's), and launches neither zero-gate pass, which the default launches (in the
+    interpreter; the PyTorch path has none)."""
+    B = 1 if "cu_seqlens" in kw else 2
+    q, k, v, lf = _inputs(B, 47, 47, 4, 2, 16, seed=7, zeros=0)
+    launched = _count_zero_gate_passes(monkeypatch)
+    default = _outputs_and_grads(q, k, v, lf, **kw)
+    assert launched == (["forward_zero_gates", "backward_zero_gates"] if INTERPRET else [])
+    launched.clear()
+    promised = _outputs_and_grads(q, k, v, lf, zero_gates=False, **kw)
+    assert launched == []
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dlog_fgate"), promised, default):
+        assert torch.equal(a, b), name
+    if "adaptive_threshold" not in kw:
+        _grads_against_reference(q, k, v, lf, zero_gates=False, **kw)
+
+
+def test_promising_no_zero_gate_refuses_one_it_can_read():
+    q, k, v, lf = _inputs(2, 40, 40, 2, 1, 16, zeros=0)
+    lf[1, 33, 0] = float("-inf")
+    with pytest.raises(ValueError, match=r"log_fgate must not hold -inf .*\(1, 33, 0\): zero_gates=False promises none"):
+        forgetting_attention(q, k, v, lf, zero_gates=False)
+    with pytest.raises(TypeError, match="zero_gates must be a bool, got int"):
+        forgetting_attention(q, k, v, lf, zero_gates=0)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the Triton kernels' behaviour: in the interpreter (and on CUDA below)")
+def test_a_zero_gate_against_the_promise_gives_nan_rows_in_the_kernels():
+    """What the kernels do with a gate of 0 they were promised not to get (public calls refuse it on the
+    CPU, so the dispatch is called directly): that head's rows from the gate on are NaN, the rest exact."""
+    q, k, v, lf = _inputs(2, 70, 70, 2, 1, 16, zeros=0)
+    lf[0, 33, 1] = float("-inf")
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    for threshold in (None, torch.full((2, 2), -10.0)):
+        call = AttentionCall(16**-0.5, threshold=threshold, options=KernelOptions(), zero_gates=False)
+        out = dispatch.forward(q, k, v, lf, call)[0]
+        assert out[0, 33:, 1].isnan().all()
+        keep = torch.ones_like(out, dtype=torch.bool)
+        keep[0, 33:, 1] = False
+        assert not out[keep].isnan().any()
+        assert (out.double()[keep] - want[keep]).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("fn", ["reference", "forgetting_attention"])
@@ -224,6 +297,38 @@ def test_cuda_zero_gates_with_padding_packing_windows_and_pruning(dtype):
         pruned = forgetting_attention(*(x.cuda().to(dtype) for x in (q, k, v)), lf.cuda(), adaptive_threshold="auto")
     want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
     assert (pruned.cpu().double() - want).abs().max() < (1e-3 if dtype == torch.float32 else 5e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("options", [KernelOptions(), KernelOptions(gluon=False), KernelOptions(backward="fused")],
+                         ids=["default", "triton", "fused"])
+def test_cuda_promising_no_zero_gate_changes_nothing_and_a_zero_gate_gives_nan_rows(D, options):
+    """bf16 on every backend: on gates without a 0, ``zero_gates=False`` gives the default call's output and
+    gradients (bit for bit, but for the one-pass backward's atomics), eagerly and compiled; a gate of 0
+    against the promise makes that head's rows NaN from it on, the rest the reference's."""
+    q, k, v, lf = _inputs(2, 300, 300, 4, 2, D, seed=8, zeros=0)
+    with kernel_options(options):
+        default = _outputs_and_grads(q, k, v, lf, "cuda", torch.bfloat16)
+        promised = _outputs_and_grads(q, k, v, lf, "cuda", torch.bfloat16, zero_gates=False)
+        compiled = _outputs_and_grads(q, k, v, lf, "cuda", torch.bfloat16, zero_gates=False,
+                                      attend=torch.compile(forgetting_attention, fullgraph=True))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv", "dlog_fgate"), promised, default, compiled):
+        if options.backward == "fused" and name == "dq":
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+        else:
+            assert torch.equal(a, b), name
+        torch.testing.assert_close(c, a, rtol=2e-2, atol=2e-2)
+    lf[1, 200, 3] = float("-inf")
+    with kernel_options(options), torch.no_grad():
+        out = forgetting_attention(*(x.cuda().to(torch.bfloat16) for x in (q, k, v)), lf.cuda(),
+                                   zero_gates=False).cpu()
+    assert out[1, 200:, 3].isnan().all()
+    keep = torch.ones_like(out, dtype=torch.bool)
+    keep[1, 200:, 3] = False
+    want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    torch.testing.assert_close(out.double()[keep], want[keep], rtol=3e-2, atol=3e-2)
 
 
 @pytest.mark.gpu

@@ -300,6 +300,8 @@ def test_any_pruning_tolerance_prunes_with_or_without_qk_norm(monkeypatch, qk_no
     with torch.no_grad():
         layer(_x(1, 200))
     (q, k, v, lf), kwargs = calls[0]
+    # the layer promises the kernel no gate of exactly 0: its log gates are logsigmoid of finite logits
+    assert kwargs["zero_gates"] is False and torch.isfinite(lf).all()
     T, D = q.shape[1], layer.head_dim
     q64, k64, v64 = q.double(), k.double(), v.double()
     if qk_norm:

@@ -282,6 +282,7 @@ def context_parallel_forgetting_attention(
     window_size: int | None = None,
     options: KernelOptions | None = None,
     head_groups: int | None = None,
+    zero_gates: bool = True,
 ) -> torch.Tensor:
     """Forgetting Attention of one sequence split across the ranks of ``group`` (default: the world).
 
@@ -290,7 +291,7 @@ def context_parallel_forgetting_attention(
     of ``forgetting_attention`` on the whole sequence (up to the order of floating-point sums). Every rank
     must call it with the same shapes and arguments.
 
-    ``sm_scale``, ``adaptive_threshold``, ``window_size`` and ``options`` are those of
+    ``sm_scale``, ``adaptive_threshold``, ``window_size``, ``options`` and ``zero_gates`` are those of
     ``forgetting_attention`` (a threshold tensor broadcasts to (B, H)). Left padding (``seq_start``) and
     packed batches (``cu_seqlens``) are not taken: separate packed documents by gates of exactly 0
     (log gate -inf), which the kernel computes exactly. ``head_groups``: in how many groups of key/value
@@ -324,13 +325,17 @@ def context_parallel_forgetting_attention(
         raise ValueError(f"head_groups must be a positive divisor of k/v's {Hkv} heads, got {head_groups!r}")
     window = checks.check_window_size(window_size, T * world)
     options = options if options is not None else current_options()
+    if not isinstance(zero_gates, bool):
+        raise TypeError(f"zero_gates must be a bool, got {type(zero_gates).__name__}")
     if not torch.compiler.is_compiling():  # each rank reads its own shard's gates, as forgetting_attention does
         checks.check_log_gates_at_most_zero("log_fgate", log_fgate, options.check_gates)
+        if not zero_gates:
+            checks.check_no_zero_gates("log_fgate", log_fgate, "zero_gates=False promises none", options.check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, sm_scale, None)
     # one description for every chunk's kernel call (each head group's takes its threshold's columns)
     call = AttentionCall(float(sm_scale), threshold=threshold, auto_log_eps=auto_log_eps, window=window,
-                         options=options)
+                         options=options, zero_gates=zero_gates)
     q, k, v = (x.contiguous() for x in (q, k, v))
     return _ContextParallelAttention.apply(q, k, v, log_fgate.contiguous(), group, call, head_groups)
 
@@ -355,14 +360,14 @@ class ContextParallel:
         object.__setattr__(self, "rank", rank)
 
     def __call__(self, q, k, v, log_fgate, *, seq_start=None, cu_seqlens=None, sm_scale=None,
-                 adaptive_threshold=None, window_size=None, options=None):
+                 adaptive_threshold=None, window_size=None, options=None, zero_gates=True):
         if seq_start is not None or cu_seqlens is not None:
             raise ValueError("context parallelism takes neither seq_start nor cu_seqlens: separate packed "
                              "documents by gates of exactly 0")
         return context_parallel_forgetting_attention(q, k, v, log_fgate, self.group, sm_scale=sm_scale,
                                                      adaptive_threshold=adaptive_threshold,
                                                      window_size=window_size, options=options,
-                                                     head_groups=self.head_groups)
+                                                     head_groups=self.head_groups, zero_gates=zero_gates)
 
     def positions(self, T_local: int, device=None) -> torch.Tensor:
         """(T_local,) int64: the global position of each of this rank's tokens."""

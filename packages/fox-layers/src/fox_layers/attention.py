@@ -528,9 +528,11 @@ class ForgettingAttentionLayer(nn.Module):
             return self._output(o.reshape(B, T, self.hidden_size).to(dtype), x, g), state, weights
         if state is None or past == 0:
             T_k = T if cp is None else T * cp.world_size
+            # zero_gates=False: the log gates are logsigmoid of finite logits (or of the fixed biases), never
+            # -inf, so the kernel launches none of its passes for gates of exactly 0
             o = self.attention_kernel(
                 q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
-                adaptive_threshold=self.pruning_threshold(T_k), window_size=self.window_size,
+                adaptive_threshold=self.pruning_threshold(T_k), window_size=self.window_size, zero_gates=False,
             )
         if state is not None:
             state.append(k, v, log_fgate, k_shift, v_shift)

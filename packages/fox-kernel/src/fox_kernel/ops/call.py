@@ -50,6 +50,10 @@ class AttentionCall:
     options: KernelOptions | None = None
     """The GPU kernels' switches, resolved (never "the current ones" later); None only where no kernel
     reads them (the decoding calls)."""
+    zero_gates: bool = True
+    """Whether the gates may hold gates of exactly 0 (log -inf), which the GPU kernels then handle exactly
+    with extra passes (``dispatch.py``); False is the caller's promise that none does, and those passes are
+    not launched."""
 
     @property
     def pruned(self) -> bool:
@@ -73,27 +77,28 @@ class AttentionCall:
         """The fields in the custom ops' schema order (``forgetting_attention.py``), the options as their
         ``KernelOptions.key``; the backward op's lack ``auto_log_eps``."""
         if backward:
-            return self.seq_start, self.cu_seqlens, self.sm_scale, self.threshold, self.window, self.options.key
+            return (self.seq_start, self.cu_seqlens, self.sm_scale, self.threshold, self.window, self.options.key,
+                    self.zero_gates)
         return (self.seq_start, self.cu_seqlens, self.sm_scale, self.threshold, self.auto_log_eps, self.window,
-                self.options.key)
+                self.options.key, self.zero_gates)
 
     @staticmethod
     def from_op_args(seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window=0, options: str = "",
-                     ) -> AttentionCall:
+                     zero_gates: bool = True) -> AttentionCall:
         """The inverse of ``op_args`` (the forward op's; the backward op's with ``auto_log_eps`` None), inside
         a custom op; ``options`` "" gives ``current_options()``."""
         return AttentionCall(sm_scale, seq_start, cu_seqlens, threshold, auto_log_eps, window,
-                             KernelOptions.from_key(options))
+                             KernelOptions.from_key(options), zero_gates)
 
     def saved(self, threshold: torch.Tensor | None) -> tuple[tuple, tuple]:
         """(tensors, the rest) of the backward's call: the tensors for ``ctx.save_for_backward``, the rest to
         keep on ``ctx``; ``threshold`` is the backward's (the forward's resolved "auto" bound, or the call's
         own). ``from_saved`` rebuilds the call."""
-        return (self.seq_start, self.cu_seqlens, threshold), (self.sm_scale, self.window, self.options)
+        return (self.seq_start, self.cu_seqlens, threshold), (self.sm_scale, self.window, self.options, self.zero_gates)
 
     @staticmethod
     def from_saved(tensors, rest) -> AttentionCall:
         """The backward's call from what ``saved`` returned (no "auto" tolerance: its bound is the threshold)."""
         seq_start, cu_seqlens, threshold = tensors
-        sm_scale, window, options = rest
-        return AttentionCall(sm_scale, seq_start, cu_seqlens, threshold, None, window, options)
+        sm_scale, window, options, zero_gates = rest
+        return AttentionCall(sm_scale, seq_start, cu_seqlens, threshold, None, window, options, zero_gates)

@@ -17,7 +17,9 @@
   blocks some later query hides keys of (``fwd.forward_zero_gates``, ``bwd.backward_zero_gates``), each
   query masking the keys before its last gate of 0 as a window masks those before its edge. Reading the
   gates on the host would wait for the GPU; instead every such pass is launched, and on gates without a
-  0 each program reads one number of ``z`` and returns (``benchmarks/bench_zero_gates.py``).
+  0 each program reads one number of ``z`` and returns (``benchmarks/bench_zero_gates.py``). A call whose
+  caller promises no gate of 0 (``AttentionCall.zero_gates`` False) sums the gates without ``z`` and
+  launches none of these passes (three launches fewer a forward and backward).
 
 Every function here takes the call's description (``call.AttentionCall``) as one object and passes it on.
 
@@ -112,6 +114,15 @@ def backward_plan(q, call: AttentionCall) -> tuple[Backend, bool]:
     return Backend.TRITON, one_pass_backward(call.options)
 
 
+def _prefix_sums(log_fgate, call: AttentionCall):
+    """(c, z) of the GPU kernels: z None where the call promises no gate of 0."""
+    from fox_kernel.ops.triton import sums
+
+    if call.zero_gates:
+        return sums.prefix_sums(log_fgate, call.seq_start, zeros=True)
+    return sums.prefix_sums(log_fgate, call.seq_start), None
+
+
 def forward(q, k, v, log_fgate, call: AttentionCall):
     """(out, lse, threshold): ``call.threshold`` as given, or with ``call.auto_log_eps`` the (rows, H) "auto"
     bound the backward uses. Tensors in the kernel layout (see ``chunked.py``)."""
@@ -137,9 +148,9 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
             call = dataclasses.replace(call, threshold=threshold, auto_log_eps=None)
         out, lse = chunked_forward(q, k, v, log_fgate, call)
         return out.contiguous(), lse, threshold, None
-    from fox_kernel.ops.triton import fwd, sums
+    from fox_kernel.ops.triton import fwd
 
-    c, z = sums.prefix_sums(log_fgate, call.seq_start, zeros=True)
+    c, z = _prefix_sums(log_fgate, call)
     fixed = fixed_bound_softmax(q.dtype, call.options)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host
@@ -147,7 +158,8 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
         out, lse, threshold = host.forward(q, k, v, c, call, fixed)
     else:
         out, lse, threshold = fwd.forward(q, k, v, c, call, fixed)
-    fwd.forward_zero_gates(q, k, v, c, z, call, out, lse)
+    if z is not None:
+        fwd.forward_zero_gates(q, k, v, c, z, call, out, lse)
     return out, lse, threshold, (c, z)
 
 
@@ -164,7 +176,7 @@ def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None)
 
     if do.stride(-1) != 1:
         do = do.contiguous()
-    c, z = prefix if prefix is not None else sums.prefix_sums(log_fgate, call.seq_start, zeros=True)
+    c, z = prefix if prefix is not None else _prefix_sums(log_fgate, call)
     delta = sums.delta(out, do)
     if backend is Backend.GLUON:
         from fox_kernel.ops.gluon import host
@@ -172,6 +184,7 @@ def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None)
         grads = host.backward(do, q, k, v, c, lse, delta, call, one_pass)
     else:
         grads = bwd.backward(do, q, k, v, c, lse, delta, call, one_pass)
-    bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, call, grads)
+    if z is not None:
+        bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, call, grads)
     dq, dk, dv, dc, dc_row = grads
     return dq, dk, dv, sums.gate_grad(dc, dc_row, call.seq_start, call.cu_seqlens)

@@ -35,13 +35,15 @@ def _fwd_op(
     auto_log_eps: float | None,
     window: int = 0,
     options: str = "",
+    zero_gates: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, lse, auto bound): with ``auto_log_eps`` the per-head "auto" bound (rows, H) for the
     backward (the Triton forward prunes each query tile by its own rows' norms); otherwise an empty
     tensor (the backward takes ``threshold`` from the inputs). The arguments after log_fgate are
     ``AttentionCall.op_args()``: ``window`` the sliding window, 0 for none; ``options``
-    ``KernelOptions.key`` ("" for the current options)."""
-    call = AttentionCall.from_op_args(seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options)
+    ``KernelOptions.key`` ("" for the current options); ``zero_gates`` whether a gate may be exactly 0."""
+    call = AttentionCall.from_op_args(seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window, options,
+                                      zero_gates)
     out, lse, threshold = dispatch.forward(q, k, v, log_fgate, call)
     if auto_log_eps is None:  # not an input as it is, nor None: a custom op may return neither
         threshold = q.new_empty(0, dtype=torch.float32)
@@ -49,7 +51,8 @@ def _fwd_op(
 
 
 @_fwd_op.register_fake
-def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window=0, options=""):
+def _(q, k, v, log_fgate, seq_start, cu_seqlens, sm_scale, threshold, auto_log_eps, window=0, options="",
+      zero_gates=True):
     B, Tq, H, _ = q.shape
     rows = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     bound = q.new_empty((rows, H) if auto_log_eps is not None else (0,), dtype=torch.float32)
@@ -71,16 +74,18 @@ def _bwd_op(
     threshold: torch.Tensor | None,
     window: int = 0,
     options: str = "",
+    zero_gates: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward of ``_fwd_op``: its arguments without ``auto_log_eps`` (``threshold`` is the bound the
     forward returned, or its own)."""
-    call = AttentionCall.from_op_args(seq_start, cu_seqlens, sm_scale, threshold, None, window, options)
+    call = AttentionCall.from_op_args(seq_start, cu_seqlens, sm_scale, threshold, None, window, options, zero_gates)
     grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, call)
     return tuple(g.contiguous() for g in grads)
 
 
 @_bwd_op.register_fake
-def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window=0, options=""):
+def _(dout, q, k, v, log_fgate, out, lse, seq_start, cu_seqlens, sm_scale, threshold, window=0, options="",
+      zero_gates=True):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), log_fgate.new_empty(log_fgate.shape)
 
 
@@ -97,7 +102,7 @@ def _backward(ctx, dout, _dlse, _dbound):
     q, k, v, log_fgate, out, lse, *tensors = ctx.saved_tensors
     call = AttentionCall.from_saved(tensors, ctx.call_rest)
     dq, dk, dv, dg = _bwd_op(dout, q, k, v, log_fgate, out, lse, *call.op_args(backward=True))
-    return dq, dk, dv, dg, None, None, None, None, None, None, None
+    return dq, dk, dv, dg, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fox_kernel::forgetting_attention_fwd", _backward, setup_context=_setup_context)
@@ -177,6 +182,7 @@ def forgetting_attention(
     cu_seqlens: torch.Tensor | None = None,
     window_size: int | None = None,
     options: KernelOptions | None = None,
+    zero_gates: bool = True,
 ) -> torch.Tensor:
     """Causal softmax attention with a per-head forget gate (Forgetting Attention).
 
@@ -187,7 +193,7 @@ def forgetting_attention(
             A gate of exactly 0 (-inf) at t hides the keys before t from the queries at and after t, exactly,
             on every path (a document boundary in a packed row, say): the GPU kernels re-run the tiles such
             a gate touches (``ops/dispatch.py``), so calls without one cost one extra small launch per
-            pass. NaN gates give NaN rows, never zeros. Log gates must be <= 0 (a forget gate in [0, 1]):
+            pass (none with ``zero_gates=False``). NaN gates give NaN rows, never zeros. Log gates must be <= 0 (a forget gate in [0, 1]):
             the Triton kernels (CUDA, and the CPU under ``TRITON_INTERPRET=1``) assume prefix sums that
             never increase (their fixed softmax bound and the pruning of key tiles), so a positive log gate
             is refused with a ValueError where the gates can be read without waiting for the GPU (CPU
@@ -210,6 +216,13 @@ def forgetting_attention(
             cost grows with T * W. With log gates of 0 it is plain sliding-window attention.
         options: ``KernelOptions`` of the GPU kernels (default ``current_options()``: the environment's
             ``FOX_KERNEL_*`` switches); the backward runs with the same.
+        zero_gates: whether log_fgate may hold gates of exactly 0 (-inf). False promises that it holds none
+            (log gates from ``logsigmoid`` of finite logits never do), and the GPU kernels skip the passes
+            that re-run what such a gate changes: one launch of the forward and two of the backward, whose
+            programs would only read one number each and return. Under that promise a gate of 0 is refused
+            with a ValueError where the gates are read (CPU tensors, or CUDA with
+            ``KernelOptions(check_gates=True)``); otherwise the GPU kernels return NaN rows from it on. The
+            PyTorch path is exact either way.
 
     Returns:
         Tensor shaped like q.
@@ -256,9 +269,13 @@ def forgetting_attention(
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
     window = checks.check_window_size(window_size, Tk)
+    if not isinstance(zero_gates, bool):
+        raise TypeError(f"zero_gates must be a bool, got {type(zero_gates).__name__}")
     if value_checks:  # read where it costs no wait for the GPU (CPU tensors, or KernelOptions.check_gates)
-        checks.check_log_gates_at_most_zero("log_fgate", log_fgate,
-                                            (options if options is not None else current_options()).check_gates)
+        check_gates = (options if options is not None else current_options()).check_gates
+        checks.check_log_gates_at_most_zero("log_fgate", log_fgate, check_gates)
+        if not zero_gates:
+            checks.check_no_zero_gates("log_fgate", log_fgate, "zero_gates=False promises none", check_gates)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
@@ -266,9 +283,9 @@ def forgetting_attention(
         # compiling: the custom ops, which a graph can hold. Their schema takes the call's fields as
         # primitives (the op builds the description inside), so the compiler traces no object here.
         out, _, _ = _fwd_op(q, k, v, log_fgate, seq_start, cu_seqlens, float(sm_scale), threshold, auto_log_eps,
-                            window, _options_key(options))
+                            window, _options_key(options), zero_gates)
     else:
         call = AttentionCall(float(sm_scale), seq_start, cu_seqlens, threshold, auto_log_eps, window,
-                             options if options is not None else current_options())
+                             options if options is not None else current_options(), zero_gates)
         out = _EagerForgettingAttention.apply(q, k, v, log_fgate, call)
     return out.transpose(1, 2) if head_first else out
