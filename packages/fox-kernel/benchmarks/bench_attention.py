@@ -122,6 +122,8 @@ def main():
     ap.add_argument("--decode-only", action="store_true", help="only the decoding cases")
     ap.add_argument("--official", help="path of the official FoX kernel's forgetting_attention.py (pruning paper)")
     ap.add_argument("--graph", action="store_true", help="also time each attention cell from a CUDA graph (GPU time)")
+    ap.add_argument("--no-zero-gates", action="store_true",
+                    help="also time our kernels as fox-layers' layers call them: zero_gates=False (no zero-gate passes)")
     args = ap.parse_args()
     official = None
     if args.official:
@@ -145,6 +147,8 @@ def main():
         contenders["official"] = lambda q, k, v, lf: official(q, k, v, lf)
     contenders["fox one-pass"] = _ours("fused")  # opt-in backward with atomic dQ (same forward)
     contenders["fox (ours)"] = _ours()
+    if args.no_zero_gates:
+        contenders["fox zero_gates=False"] = _ours(zero_gates=False)
 
     lengths = [4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384]
     cases = [(16384 // T, T, 2048 // D, 2048 // D, D) for D in (64, 128) for T in lengths]

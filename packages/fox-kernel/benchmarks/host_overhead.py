@@ -70,6 +70,10 @@ def main(argv=None):
         o = forgetting_attention(qg, kg, vg, lfg)
         o.backward(o)
 
+    def fox_autograd_no_zero_gates():
+        o = forgetting_attention(qg, kg, vg, lfg, zero_gates=False)
+        o.backward(o)
+
     def fox_autograd_pruned():
         o = forgetting_attention(qg, kg, vg, lfg, adaptive_threshold="auto")
         o.backward(o)
@@ -93,9 +97,12 @@ def main(argv=None):
     cases = {
         "forward op": lambda: fwd(q, k, v, lf, None, None, s, None, None),
         "forward op, auto pruning": lambda: fwd(q, k, v, lf, None, None, s, None, DEFAULT_LOG_TOLERANCE),
+        "forward op, zero_gates=False": lambda: fwd(q, k, v, lf, None, None, s, None, None, 0, "", False),
         "backward op": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, None),
+        "backward op, zero_gates=False": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, None, 0, "", False),
         "backward op, pruning": lambda: bwd(do, q, k, v, lf, out, lse, None, None, s, bound),
         "forgetting_attention fwd+bwd (autograd)": fox_autograd,
+        "forgetting_attention fwd+bwd, zero_gates=False (autograd)": fox_autograd_no_zero_gates,
         "forgetting_attention fwd+bwd, auto pruning (autograd)": fox_autograd_pruned,
         "forgetting_attention fwd+bwd, per-head bound (autograd)": fox_autograd_per_head,
         "dispatch.forward (no op, no checks)": lambda: dispatch.forward(q, k, v, lf, AttentionCall(s, options=opts)),
