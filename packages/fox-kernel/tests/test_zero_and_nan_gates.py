@@ -41,7 +41,8 @@ def _inputs(B, Tq, Tk, H, Hkv, D, seed=0, zeros=3):
     return q, k, v, lf
 
 
-def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torch.float32, zero_gates=True, **kw):
+def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torch.float32, zero_gates=True,
+                             attend=forgetting_attention, **kw):
     """forgetting_attention's output and four gradients, with q, k, v in ``dtype`` on ``device``, vs the
     float64 reference and a same-precision one, both taking the same rounded inputs (a 16-bit call is
     held to the 16-bit reference's own error)."""
@@ -49,7 +50,7 @@ def _grads_against_reference(q, k, v, lf, options=None, device="cpu", dtype=torc
     kw = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
     exact_in = [x.detach().double().requires_grad_() for x in ins]
     same_in = [x.detach().clone().requires_grad_() for x in ins]
-    out = forgetting_attention(*ins, options=options, zero_gates=zero_gates, **kw)
+    out = attend(*ins, options=options, zero_gates=zero_gates, **kw)
     exact = forgetting_attention_ref(*exact_in, **kw)
     same = forgetting_attention_ref(*same_in, **kw)
     assert torch.isfinite(exact).all()
@@ -316,14 +317,16 @@ def test_cuda_promising_no_zero_gate_changes_nothing_and_a_zero_gate_gives_nan_r
     with kernel_options(options):
         default = _outputs_and_grads(q, k, v, lf, "cuda", torch.bfloat16)
         promised = _outputs_and_grads(q, k, v, lf, "cuda", torch.bfloat16, zero_gates=False)
-        compiled = _outputs_and_grads(q, k, v, lf, "cuda", torch.bfloat16, zero_gates=False,
-                                      attend=torch.compile(forgetting_attention, fullgraph=True))
-    for name, a, b, c in zip(("out", "dq", "dk", "dv", "dlog_fgate"), promised, default, compiled):
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dlog_fgate"), promised, default):
         if options.backward == "fused" and name in ("dq", "dlog_fgate"):  # summed with atomics: any order
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
         else:
             assert torch.equal(a, b), name
-        torch.testing.assert_close(c, a, rtol=2e-2, atol=2e-2)
+    # compiled: the custom ops carry the promise (their tensors may take other kernel variants, so the
+    # check is against the reference's bf16 noise, not bit equality)
+    with kernel_options(options):  # the options as a compiled layer takes them: the current ones
+        _grads_against_reference(q, k, v, lf, None, "cuda", torch.bfloat16, zero_gates=False,
+                                 attend=torch.compile(forgetting_attention, fullgraph=True))
     lf[1, 200, 3] = float("-inf")
     with kernel_options(options), torch.no_grad():
         out = forgetting_attention(*(x.cuda().to(torch.bfloat16) for x in (q, k, v)), lf.cuda(),
