@@ -157,10 +157,15 @@ def _install_profiler(step: int, out: Path, name: str) -> None:
 
 
 def main() -> None:
-    _apply_variant(os.environ.get("FOX_PROFILE_VARIANT", ""))
-    step = int(os.environ.get("FOX_PROFILE_STEP", "0"))
-    if step < 1:
-        raise SystemExit("FOX_PROFILE_STEP must be a step index of at least 1 (the step before it warms up)")
+    raw = os.environ.get("FOX_PROFILE_STEP", "")
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise SystemExit(f"profile_step.py: FOX_PROFILE_STEP must be a step index of at least 1 (the step before it "
+                         f"warms up), got {raw!r}")
+    step = int(raw)
+    try:
+        _apply_variant(os.environ.get("FOX_PROFILE_VARIANT", ""))
+    except ValueError as error:
+        raise SystemExit(f"profile_step.py: {error}") from None
     _install_profiler(step, Path(os.environ.get("FOX_PROFILE_OUT", "profile")),
                       os.environ.get("FOX_PROFILE_NAME", "run"))
     from fox_train.cli import main as cli_main

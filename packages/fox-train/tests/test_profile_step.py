@@ -37,6 +37,26 @@ def test_summary_splits_compute_nccl_and_gaps(benchmark_module):
     assert s["top_kernels_ms"]["gemm_a"] == pytest.approx(0.3)
 
 
+@pytest.mark.parametrize("env, message", [
+    ({"FOX_PROFILE_STEP": "2", "FOX_PROFILE_VARIANT": "prefech"}, "FOX_PROFILE_VARIANT must be syncall or prefetch, got 'prefech'"),
+    ({"FOX_PROFILE_STEP": "two"}, "FOX_PROFILE_STEP must be a step index of at least 1 (the step before it warms up), got 'two'"),
+    ({"FOX_PROFILE_STEP": "0"}, "FOX_PROFILE_STEP must be a step index of at least 1"),
+    ({}, "FOX_PROFILE_STEP must be a step index of at least 1"),
+], ids=["misspelt-variant", "word-step", "step-0", "no-step"])
+def test_bad_settings_stop_in_one_line_before_any_training(benchmark_module, monkeypatch, env, message):
+    """A SystemExit with a message: Python prints it as one line and exits 1, before the trainer starts."""
+    for key in ("FOX_PROFILE_STEP", "FOX_PROFILE_VARIANT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    module = benchmark_module("profile_step")
+    monkeypatch.setattr(module, "_install_profiler", lambda *a: pytest.fail("the profiler was installed"))
+    with pytest.raises(SystemExit) as stop:
+        module.main()
+    text = str(stop.value.code)
+    assert text.startswith("profile_step.py: ") and message in text and "\n" not in text
+
+
 def _losses(run_dir: Path) -> dict[int, float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
