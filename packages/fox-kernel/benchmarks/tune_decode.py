@@ -23,11 +23,14 @@ from fox_kernel.testing import decode_inputs
 # (B, T, H, Hkv, D): the 125M models at batch 32 and 1 (16k and 2k tokens), the 760M model, and a GQA cache
 SHAPES = [(32, 16384, 12, 12, 64), (32, 2048, 12, 12, 64), (1, 16384, 12, 12, 64), (8, 16384, 12, 12, 128),
           (8, 32768, 32, 8, 128)]
+# --gqa: the three GQA decoding shapes of the kernel README's table (32 query heads on 8 KV heads, D=128)
+GQA_SHAPES = [(8, 32768, 32, 8, 128), (64, 4096, 32, 8, 128), (1, 131072, 32, 8, 128)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tune-decode.json")
+    ap.add_argument("--gqa", action="store_true", help="only the GQA shapes (GQA_SHAPES), which take TILES")
     args = ap.parse_args()
     defaults = (dict(triton_decode.TILES), dict(triton_decode.TILES_ONE_HEAD))
 
@@ -38,7 +41,7 @@ def main() -> None:
     grid = [dict(block_n=n, num_stages=s, num_warps=w, programs_per_sm=p)
             for n, s, w, p in itertools.product((64, 128), (2, 3, 4), (4, 8), (2, 4, 8))]
     rows = []
-    for B, T, H, Hkv, D in SHAPES:
+    for B, T, H, Hkv, D in GQA_SHAPES if args.gqa else SHAPES:
         q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D)
         kv_bytes = 2 * k.numel() * k.element_size()
         use()

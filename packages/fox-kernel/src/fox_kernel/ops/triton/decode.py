@@ -202,9 +202,14 @@ def _merge_kernel(ACC, M, L, O, o_strides, B, HKV, Q0, ROWS, D, SPLITS,
     tl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < GROUP * ROWS)[:, None] & (offs_d < D)[None, :])
 
 
-TILES = dict(block_n=64, num_stages=2, num_warps=4, programs_per_sm=2)
-"""The decode kernel's launch on CUDA: keys per tile, pipeline stages, warps, and how many programs per SM
-the split of the cache aims at (``benchmarks/tune_decode.py`` sweeps them)."""
+TILES = dict(block_n=64, num_stages=3, num_warps=4, programs_per_sm=2, one_wave=True)
+"""The decode kernel's launch on CUDA: keys per tile, pipeline stages, warps, how many programs per SM the
+split of the cache aims at (``benchmarks/tune_decode.py`` sweeps them), and whether the split rounds down so
+that all programs run in one wave (``_num_splits``). With GQA (32 query heads on 8 KV heads, D=128) on an
+H200, three stages and one wave against two stages rounding up: 8 x 32k 3.75 -> 4.01 TB/s, 64 x 4k 3.26 ->
+4.05, 32 x 8k 3.27 -> 4.05 (SDPA without a gate 4.25-4.32; three rounds each,
+``benchmarks/decode-splits-ab-h200-2026-11-27.json``). Three stages alone lost at 8 x 32k (2.84): its 5
+splits of 64 KV heads made 320 programs, more than the 264 that fit at once."""
 TILES_ONE_HEAD = dict(block_n=128, num_stages=3, num_warps=8, programs_per_sm=4)
 """The launch where each KV head serves one query head (no GQA) and head dim <= 128: a program then holds
 one query row, and longer, deeper-pipelined key tiles keep more of the cache in flight (on an H200 at
@@ -215,11 +220,15 @@ def _tiles(group: int, block_d: int) -> dict:
     return TILES_ONE_HEAD if group == 1 and block_d <= 128 else TILES
 
 
-def _num_splits(device, work: int, t_max: int, block_n: int, programs_per_sm: int) -> int:
+def _num_splits(device, work: int, t_max: int, block_n: int, programs_per_sm: int, one_wave: bool = False) -> int:
+    """Splits of each cache row: about ``programs_per_sm`` programs per SM over ``work`` (batch x KV heads)
+    programs, at most 64 and at least four key tiles each; ``one_wave`` rounds down, so that the programs
+    never outnumber what the SMs run at once (rounding up can leave a second, short wave)."""
     if launch.INTERPRET or device.type != "cuda":
         return max(1, min(4, triton.cdiv(t_max, block_n)))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(programs_per_sm * sms, work), triton.cdiv(t_max, 4 * block_n), 64))
+    wanted = programs_per_sm * sms // work if one_wave else triton.cdiv(programs_per_sm * sms, work)
+    return max(1, min(wanted, triton.cdiv(t_max, 4 * block_n), 64))
 
 
 @torch.library.custom_op("fox_kernel::decode", mutates_args=())
@@ -241,7 +250,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
     tiles = _tiles(group, block_d)
     block_n = 16 if launch.INTERPRET or not q.is_cuda else tiles["block_n"]
     rows_per_launch = max(1, 64 // group)
-    splits = _num_splits(q.device, B * Hkv, Tmax, block_n, tiles["programs_per_sm"])
+    splits = _num_splits(q.device, B * Hkv, Tmax, block_n, tiles["programs_per_sm"], tiles.get("one_wave", False))
     out = torch.empty_like(q)
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
