@@ -50,6 +50,12 @@ def contenders(official_path):
         "ours per-head": lambda q, k, v, lf, t: forgetting_attention(q, k, v, lf, adaptive_threshold=t),
         "ours per-head triton": lambda q, k, v, lf, t: forgetting_attention(
             q, k, v, lf, adaptive_threshold=t, options=opts.replace(gluon=False)),
+        # as fox-layers' layers call the kernel: no zero-gate launches (their gates are never 0)
+        "ours exact, zero_gates=False": lambda q, k, v, lf, t: forgetting_attention(q, k, v, lf, zero_gates=False),
+        "ours auto, zero_gates=False": lambda q, k, v, lf, t: forgetting_attention(
+            q, k, v, lf, adaptive_threshold="auto", zero_gates=False),
+        "ours per-head, zero_gates=False": lambda q, k, v, lf, t: forgetting_attention(
+            q, k, v, lf, adaptive_threshold=t, zero_gates=False),
     }
     if official_path:
         official = _load_official(official_path)
@@ -160,11 +166,11 @@ def main():
             rows.append(row)
             print(f"\nB={B} T={T} H={H} D={D} gates {label} (mean log f {row['mean_log_f']:.4f}); "
                   "eager calls, then the same replayed from a CUDA graph (GPU time alone)")
-            print(f"{'contender':24s} {'fwd ms':>8} {'f+b ms':>8} {'bwd ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} "
+            print(f"{'contender':32s} {'fwd ms':>8} {'f+b ms':>8} {'bwd ms':>8} {'fwd TF/s':>9} {'f+b TF/s':>9} "
                   f"{'graph fwd':>9} {'graph f+b':>9} {'graph bwd':>9}")
             for name in fns:
                 r = row[name]
-                print(f"{name:24s} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['bwd_ms']:8.3f} "
+                print(f"{name:32s} {r['fwd_ms']:8.3f} {r['fwdbwd_ms']:8.3f} {r['bwd_ms']:8.3f} "
                       f"{r['fwd_tflops_eff']:9.0f} {r['fwdbwd_tflops_eff']:9.0f} "
                       f"{r['fwd_graph_ms']:9.3f} {r['fwdbwd_graph_ms']:9.3f} {r['bwd_graph_ms']:9.3f}")
             if args.profile and shift == min(GATES.values()):
