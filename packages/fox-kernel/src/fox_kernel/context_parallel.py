@@ -325,12 +325,10 @@ def context_parallel_forgetting_attention(
         raise ValueError(f"head_groups must be a positive divisor of k/v's {Hkv} heads, got {head_groups!r}")
     window = checks.check_window_size(window_size, T * world)
     options = options if options is not None else current_options()
-    if not isinstance(zero_gates, bool):
-        raise TypeError(f"zero_gates must be a bool, got {type(zero_gates).__name__}")
-    if not torch.compiler.is_compiling():  # each rank reads its own shard's gates, as forgetting_attention does
+    value_checks = not torch.compiler.is_compiling()  # each rank reads its own shard's gates
+    if value_checks:
         checks.check_log_gates_at_most_zero("log_fgate", log_fgate, options.check_gates)
-        if not zero_gates:
-            checks.check_no_zero_gates("log_fgate", log_fgate, "zero_gates=False promises none", options.check_gates)
+    checks.check_zero_gates_promise("log_fgate", log_fgate, zero_gates, options.check_gates, value_checks)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, sm_scale, None)
     # one description for every chunk's kernel call (each head group's takes its threshold's columns)

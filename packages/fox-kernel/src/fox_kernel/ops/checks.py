@@ -203,6 +203,16 @@ def check_no_zero_gates(name: str, log_gates: torch.Tensor, why: str, check_gate
         refuse_zero_gate(name, at, why)
 
 
+def check_zero_gates_promise(name: str, log_gates: torch.Tensor, zero_gates, check_gates: bool,
+                             value_checks: bool = True) -> None:
+    """``zero_gates`` is a bool; where it promises no gate of exactly 0 (False) and the gates can be read
+    (``value_checks`` and ``gates_checkable``), none is there."""
+    if not isinstance(zero_gates, bool):
+        raise TypeError(f"zero_gates must be a bool, got {type(zero_gates).__name__}")
+    if value_checks and not zero_gates:
+        check_no_zero_gates(name, log_gates, "zero_gates=False promises none", check_gates)
+
+
 def require_window_size(window_size) -> None:
     """A sliding window is None (full attention) or an int >= 1 (1: each query sees only its own key)."""
     if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int)

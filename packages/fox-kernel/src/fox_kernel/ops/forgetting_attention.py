@@ -269,13 +269,12 @@ def forgetting_attention(
         checks.check_seq_start(seq_start, B, Tk, value_checks)
         seq_start = seq_start.to(torch.int32).contiguous()
     window = checks.check_window_size(window_size, Tk)
-    if not isinstance(zero_gates, bool):
-        raise TypeError(f"zero_gates must be a bool, got {type(zero_gates).__name__}")
-    if value_checks:  # read where it costs no wait for the GPU (CPU tensors, or KernelOptions.check_gates)
-        check_gates = (options if options is not None else current_options()).check_gates
+    # gates read where it costs no wait for the GPU (CPU tensors, or KernelOptions.check_gates); a compiled
+    # call reads no options here
+    check_gates = value_checks and (options if options is not None else current_options()).check_gates
+    if value_checks:
         checks.check_log_gates_at_most_zero("log_fgate", log_fgate, check_gates)
-        if not zero_gates:
-            checks.check_no_zero_gates("log_fgate", log_fgate, "zero_gates=False promises none", check_gates)
+    checks.check_zero_gates_promise("log_fgate", log_fgate, zero_gates, check_gates, value_checks)
     sm_scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     threshold, auto_log_eps = pruning_args(adaptive_threshold, q, k, float(sm_scale), cu_seqlens)
