@@ -206,9 +206,9 @@ TILES = dict(block_n=64, num_stages=3, num_warps=4, programs_per_sm=2, one_wave=
 """The decode kernel's launch on CUDA: keys per tile, pipeline stages, warps, how many programs per SM the
 split of the cache aims at (``benchmarks/tune_decode.py`` sweeps them), and whether the split rounds down so
 that all programs run in one wave (``_num_splits``). With GQA (32 query heads on 8 KV heads, D=128) on an
-H200, three stages and one wave against two stages rounding up: 8 x 32k 3.75 -> 4.01 TB/s, 64 x 4k 3.26 ->
-4.05, 32 x 8k 3.27 -> 4.05 (SDPA without a gate 4.25-4.32; three rounds each,
-``benchmarks/decode-splits-ab-h200-2026-11-27.json``). Three stages alone lost at 8 x 32k (2.84): its 5
+H200, three stages and one wave against two stages rounding up: 8 x 32k 3.71 -> 3.92 TB/s, 64 x 4k 3.11 ->
+3.95, 32 x 8k 3.23 -> 3.97 (SDPA without a gate 4.16-4.22; three rounds each,
+``benchmarks/decode-splits-ab-h200-2026-11-27.json``). Three stages alone lost at 8 x 32k (2.82): its 5
 splits of 64 KV heads made 320 programs, more than the 264 that fit at once."""
 TILES_ONE_HEAD = dict(block_n=128, num_stages=3, num_warps=8, programs_per_sm=4)
 """The launch where each KV head serves one query head (no GQA) and head dim <= 128: a program then holds
