@@ -433,16 +433,17 @@ def forgetting_attention_with_kvcache(
     window = checks.check_window_size(window_size, T)
     scale = D**-0.5 if sm_scale is None else checks.check_sm_scale(sm_scale)
     if dispatch.runs_triton(q) and q.dtype != torch.float64:
-        from fox_kernel.ops.triton.decode import decode
+        from fox_kernel.ops.triton.decode import decode, decode_eager
 
         lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
         starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
-        # a custom op that a compiled decoding step calls as it is: it takes the call's fields as primitives,
-        # and nothing is built here that the compiler would have to trace
-        return decode(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table, thresh,
-                      window)
+        # compiling: a custom op that the compiled decoding step calls as it is (it takes the call's fields as
+        # primitives, so nothing is built here that the compiler would have to trace); eager: the same
+        # function without the op's dispatch, which costs host time on every token
+        op = decode if torch.compiler.is_compiling() else decode_eager
+        return op(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table, thresh, window)
     # The PyTorch path computes exactly (no threshold) and compares the starts as given (they have no upper
     # bound here: no cast to int32).
     call = AttentionCall(scale, seq_start, window=window)

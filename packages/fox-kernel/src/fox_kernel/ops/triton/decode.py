@@ -175,31 +175,30 @@ def _decode_kernel(
 
 @triton.jit
 def _merge_kernel(ACC, M, L, O, o_strides, B, HKV, Q0, ROWS, D, SPLITS,
-                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merge the slices of one (sequence, KV head) into the output rows of its query heads: weights
-    2^(m_s - max_s m_s); rows that saw no key keep l = 0 and give 0. One launch (a chain of PyTorch ops
-    here cost more host time than the whole kernel once pruning shortens it)."""
+                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge the slices of one output row (one query head of one sequence, one new token) with weights
+    2^(m_s - max_s m_s); a row that saw no key keeps l = 0 and gives 0, and a NaN slice gives a NaN row.
+    One program per row loads every slice at once (a [BLOCK_S, BLOCK_D] tile): one round of loads instead
+    of a chain over the slices, whose latency dominated when few (sequence, KV head) pairs split the cache
+    many ways (one sequence of 128k keys: 8 programs walking 33 slices)."""
     stride_ob, stride_ot, stride_oh = o_strides
     pid_bh = tl.program_id(0)
+    r = tl.program_id(1)  # the row within the (sequence, KV head) pair: query head r // ROWS, token r % ROWS
     b = pid_bh // HKV
     hk = pid_bh % HKV
-    rows = tl.arange(0, BLOCK_M)
+    s = tl.arange(0, BLOCK_S)
+    live = s < SPLITS
+    slot = (s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M + r
+    m = tl.load(M + slot, mask=live, other=float("-inf"))
+    w = tl.math.exp2(m - tl.max(m, 0))
+    den = tl.sum(w * tl.load(L + slot, mask=live, other=0.0), 0)
     offs_d = tl.arange(0, BLOCK_D)
-    top = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-    for s in range(SPLITS):
-        top = tl.maximum(top, tl.load(M + (s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M + rows))
-    num = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    den = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(SPLITS):
-        slot = (s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
-        w = tl.math.exp2(tl.load(M + slot + rows) - top)
-        den += w * tl.load(L + slot + rows)
-        num += w[:, None] * tl.load(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :])
-    out = num / tl.where(den > 0.0, den, 1.0)[:, None]
-    h = hk * GROUP + rows // ROWS
-    i = Q0 + rows % ROWS
-    ptrs = O + b.to(tl.int64) * stride_ob + i[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(ptrs, out.to(O.dtype.element_ty), mask=(rows < GROUP * ROWS)[:, None] & (offs_d < D)[None, :])
+    acc = tl.load(ACC + slot[:, None] * BLOCK_D + offs_d[None, :], mask=live[:, None], other=0.0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(den > 0.0, den, 1.0)
+    h = hk * GROUP + r // ROWS
+    i = Q0 + r % ROWS
+    ptrs = O + b.to(tl.int64) * stride_ob + i.to(tl.int64) * stride_ot + h * stride_oh + offs_d
+    tl.store(ptrs, out.to(O.dtype.element_ty), mask=offs_d < D)
 
 
 TILES = dict(block_n=64, num_stages=3, num_warps=4, programs_per_sm=2, one_wave=True)
@@ -226,21 +225,20 @@ def _num_splits(device, work: int, t_max: int, block_n: int, programs_per_sm: in
     never outnumber what the SMs run at once (rounding up can leave a second, short wave)."""
     if launch.INTERPRET or device.type != "cuda":
         return max(1, min(4, triton.cdiv(t_max, block_n)))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = launch.sm_count(device)
     wanted = programs_per_sm * sms // work if one_wave else triton.cdiv(programs_per_sm * sms, work)
     return max(1, min(wanted, triton.cdiv(t_max, 4 * block_n), 64))
 
 
-@torch.library.custom_op("fox_kernel::decode", mutates_args=())
-def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cache: torch.Tensor,
-           cache_seqlens: torch.Tensor, seq_start: torch.Tensor | None, sm_scale: float,
-           block_table: torch.Tensor | None = None, threshold: torch.Tensor | None = None,
-           window: int = 0) -> torch.Tensor:
+def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cache: torch.Tensor,
+                 cache_seqlens: torch.Tensor, seq_start: torch.Tensor | None, sm_scale: float,
+                 block_table: torch.Tensor | None = None, threshold: torch.Tensor | None = None,
+                 window: int = 0) -> torch.Tensor:
     """q (B, Tq, H, D); caches (B, Tmax, Hkv, D) and (B, Tmax, H) float32; cache_seqlens (B,) int32.
     With block_table (B, pages per row) int32 the caches are paged: (num_pages, page_size, ...).
-    A custom op, so ``torch.compile`` (a compiled decoding step) calls the kernels as they are. Values of
-    cache_seqlens, seq_start and block_table are not read on the host: out-of-range ones are clamped in
-    the kernel and their rows returned as NaN (``_decode_kernel``)."""
+    Values of cache_seqlens, seq_start and block_table are not read on the host: out-of-range ones are
+    clamped in the kernel and their rows returned as NaN (``_decode_kernel``). Eager callers call this
+    directly; ``decode``, the custom op around it, is what a compiled decoding step holds."""
     B, Tq, H, D = q.shape
     Hkv = k_cache.shape[2]
     page_size = k_cache.shape[1]
@@ -255,9 +253,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
         block_m = max(16, triton.next_power_of_2(group * rows))
-        acc = torch.empty(splits, B, Hkv, block_m, block_d, dtype=torch.float32, device=q.device)
-        m = torch.empty(splits, B, Hkv, block_m, dtype=torch.float32, device=q.device)
-        lsum = torch.empty_like(m)
+        # the slices' partial outputs, maxima and sums in one allocation
+        part = torch.empty(splits * B * Hkv * block_m * (block_d + 2), dtype=torch.float32, device=q.device)
+        acc, m, lsum = part.split([part.numel() // (block_d + 2) * block_d] + [part.numel() // (block_d + 2)] * 2)
         _decode_kernel[(splits, B * Hkv)](
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
             block_table, 0 if block_table is None else block_table.stride(0),
@@ -270,11 +268,15 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cach
             PRECISION=launch.precision(q.dtype),
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"] if q.is_cuda else 1,
         )
-        _merge_kernel[(B * Hkv,)](
+        _merge_kernel[(B * Hkv, group * rows)](
             acc, m, lsum, out, launch.strides(out), B, Hkv, q0, rows, D, splits,
-            GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=4,
+            GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            num_warps=4,
         )
     return out
+
+
+decode = torch.library.custom_op("fox_kernel::decode", mutates_args=())(decode_eager)
 
 
 @decode.register_fake

@@ -39,6 +39,16 @@ def sm_major(device: torch.device) -> int:
     return _sm_major(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The number of SMs of a CUDA device, asked of the driver once per device."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
