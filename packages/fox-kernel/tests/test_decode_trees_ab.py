@@ -1,0 +1,42 @@
+"""benchmarks/decode_trees_ab.py: its reference is the decoding call's result, and bad arguments stop it in
+one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fox_kernel import forgetting_attention_with_kvcache
+from fox_kernel.testing import decode_inputs
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_trees_ab.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("decode_trees_ab", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("B,T,H,Hkv,D", [(2, 37, 6, 3, 24), (1, 129, 4, 1, 16)])
+def test_reference_is_the_decoding_call(B, T, H, Hkv, D):
+    q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D, device="cpu", dtype=torch.float64, seed=3)
+    expected = forgetting_attention_with_kvcache(q, k, v, c, lens)
+    got = _module().reference(q, k, v, c, lens)
+    assert (got.double() - expected).abs().max().item() < 1e-5  # the reference is float32
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--before", "/nonexistent"], "--before must be a folder holding fox_kernel/"),
+    (["--before", str(SCRIPT.parents[1] / "src"), "--rounds", "0"], "--rounds must be >= 1"),
+])
+def test_bad_arguments_stop_in_one_line(monkeypatch, argv, message):
+    monkeypatch.setattr(sys, "argv", ["decode_trees_ab.py", *argv])
+    with pytest.raises(SystemExit) as stop:
+        _module().main()
+    assert message in str(stop.value) and "\n" not in str(stop.value)
