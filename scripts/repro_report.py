@@ -289,13 +289,12 @@ def targets(ev: dict, labels: dict[str, str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ paper scale
-PAPER_PAGE = "results-paper-125m.md"
+PAPER_NAME = "paper-125m"  # the page results-<name>.md and its folder results/<name>/
 # The official LongCrawl64 125M experiments' token budget (schedule.total_tokens of longcrawl64/*/*_125m_2b;
 # tests/test_reproduce_paper.py checks it), which the paper-scale runs scale down.
 OFFICIAL_TOKENS = 2_684_354_560
 # L(i) past L within this ratio of L(i) near L counts as flat; above it, as rising.
 FLAT_PAST_L = 1.01
-PAPER_FIGS = "results/paper-125m"
 
 
 def plot_per_token_loss_log(curves: dict[str, np.ndarray], labels: dict[str, str], train_len: int, path: Path) -> None:
@@ -336,12 +335,13 @@ def load_paper_results(results: Path) -> dict[str, dict]:
     return {m: found[m] for m in [*PAPER_MODELS, *sorted(set(found) - set(PAPER_MODELS))] if m in found}
 
 
-def write_paper_report(results: Path, docs: Path) -> Path:
-    """docs/results-paper-125m.md and docs/results/paper-125m/ (figures, results.json) from the files of
-    every paper-scale job: OUT/results/<model>.json and its PNGs, nothing else."""
+def write_paper_report(results: Path, docs: Path, name: str = PAPER_NAME) -> Path:
+    """docs/results-<name>.md and docs/results/<name>/ (figures, results.json) from the files of every
+    paper-scale job: OUT/results/<model>.json and its PNGs, nothing else. ``name`` keeps runs of other
+    budgets beside the default page."""
     rs = load_paper_results(results)
     labels = {m: r["label"] for m, r in rs.items()}
-    figs = docs / PAPER_FIGS
+    figs = docs / "results" / name
     figs.mkdir(parents=True, exist_ok=True)
     L = next(iter(rs.values()))["evaluation"]["train_len"]
     curves = {m: np.asarray(r["curve"]) for m, r in rs.items()}
@@ -358,8 +358,8 @@ def write_paper_report(results: Path, docs: Path) -> Path:
     for m, c in curves.items():  # L(i) at a few positions, so results.json alone answers "how does it rise"
         summary[m]["curve_at"] = {str(p): window_mean(c, p, max(1, p // 10)) for p in (L // 4, L // 2, L, 2 * L, 4 * L) if p <= len(c)}
     (figs / "results.json").write_text(json.dumps(summary, indent=1))
-    path = docs / PAPER_PAGE
-    path.write_text(render_paper(rs, labels, curves))
+    path = docs / f"results-{name}.md"
+    path.write_text(render_paper(rs, labels, curves, name))
     return path
 
 
@@ -379,7 +379,10 @@ def _training_row(r: dict) -> dict:
             "cost": None if wall is None else wall / 3600 * GPU_HOUR_USD * int(devices)}
 
 
-def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, np.ndarray]) -> str:
+def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, np.ndarray],
+                 name: str = PAPER_NAME) -> str:
+    figs = f"results/{name}"
+    named = "" if name == PAPER_NAME else f" --report-name {name}"
     first = next(iter(rs.values()))
     ev0, env = first["evaluation"], first["environment"]
     L, T = ev0["train_len"], ev0["eval_len"]
@@ -388,11 +391,11 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, 
         "# Results: the paper's setting (125M, context 16k, evaluated to 64k), scaled down in tokens",
         "",
         "Made by `python scripts/reproduce.py all --scale paper-125m --models <model> --devices N` (one job per model)",
-        "and `python scripts/reproduce.py report --scale paper-125m`; tables and figures are those runs' output, unedited.",
+        f"and `python scripts/reproduce.py report --scale paper-125m{named}`; tables and figures are those runs' output, unedited.",
         f"Device: {env['device']}; torch {env['torch']}, triton {env.get('triton', 'n/a')}, transformers {env['transformers']}, "
         f"Python {env['python']}.",
         "",
-        "![per-token loss](results/paper-125m/per_token_loss.png)",
+        f"![per-token loss]({figs}/per_token_loss.png)",
         "",
         "## Setup",
         f"- Corpus: Debian's `linux-source-6.12`, one source directory = one document (its files in path order), held "
@@ -411,7 +414,7 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, 
         s = rs[m]["evaluation"]
         lines.append(f"| {lab} | {s['loss_first_L']:.4f} | {s['loss_all']:.4f} | {s['L_i_near_L']:.4f} | "
                      f"{s['L_i_near_end']:.4f} | {s['end_over_L']:.3f} |")
-    lines += ["", "## Training", "", "![training curves](results/paper-125m/training_curves.png)", "",
+    lines += ["", "## Training", "", f"![training curves]({figs}/training_curves.png)", "",
               "| model | tokens | steps | final train loss | final held-out loss | tokens/s | GPUs | wall-clock | cost |",
               "|---|---|---|---|---|---|---|---|---|"]
     for m, lab in labels.items():
@@ -429,7 +432,7 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, 
             lines.append(f"| {labels[m]} | " + " | ".join(f"{n['found_by_length'][str(x)]:.0%}" for x in lengths)
                          + f" | {n['found_all']:.0%} |")
         lines.append("")
-        lines += [f"![needle {labels[m]}](results/paper-125m/needle_{m}.png)" for m in needles] + [""]
+        lines += [f"![needle {labels[m]}]({figs}/needle_{m}.png)" for m in needles] + [""]
     pruned = {m: rs[m]["evaluation"]["pruning"] for m in labels if "pruning" in rs[m]["evaluation"]}
     if pruned:
         lines += ["## Adaptive computation pruning on the trained FoX models", "",
@@ -444,14 +447,14 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, 
     if inspected:
         i = rs[inspected]["evaluation"]["inspect"]
         lines += [f"## Inside the trained {labels[inspected]} ({i['tokens']:,} tokens of one held-out document)", "",
-                  "![decay times](results/paper-125m/decay_times.png)", "",
+                  f"![decay times]({figs}/decay_times.png)", "",
                   f"F and attention of layer {i['layer']}, head {i['head']} (its slowest-forgetting head):", "",
-                  "![F and attention](results/paper-125m/forget_and_attention.png)", ""]
+                  f"![F and attention]({figs}/forget_and_attention.png)", ""]
     ev = {"eval_len": T, "models": {m: r["evaluation"] for m, r in rs.items()}}
     base = targets(ev, labels) or ["## The paper's orderings in this run", "", "| target | measured | met |", "|---|---|---|", ""]
     lines += base[:-1] + paper_targets(ev, labels, L, curves) + [""]
     lines += limits_of_the_run(rs, labels, L)
-    lines += ["All numbers: [results/paper-125m/results.json](results/paper-125m/results.json).", ""]
+    lines += [f"All numbers: [{figs}/results.json]({figs}/results.json).", ""]
     return "\n".join(lines)
 
 

@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -234,7 +235,7 @@ def report(args) -> Path:
     if args.paper:
         from repro_report import write_paper_report
 
-        return write_paper_report(args.out / "results", args.docs)
+        return write_paper_report(args.out / "results", args.docs, args.report_name)
     from repro_report import write_report
 
     return write_report(args.out, args.docs, args.models, environment())
@@ -463,6 +464,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-device", type=int, default=32 * 2**20,
                     help="paper-125m: training tokens per GPU (total = this x --devices, in whole steps)")
     ap.add_argument("--needle-samples", type=int, help="paper-125m: needles per (length, depth) cell (default 2)")
+    ap.add_argument("--report-name", default="paper-125m",
+                    help="paper-125m report: writes DOCS/results-<name>.md and DOCS/results/<name>/ (another "
+                         "token budget beside the default page)")
     ap.add_argument("--inspect-len", type=int, default=8192, help="paper-125m: tokens of the inspected document")
     ap.add_argument("--inspect", default="fox_pro", help="the model whose gates are inspected")
     ap.add_argument("--force", action="store_true", help="redo stages whose outputs exist")
@@ -484,6 +488,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.devices < 1 or args.tokens_per_device < 1 or args.needle_samples < 0 or args.inspect_len < 1:
         raise SystemExit("reproduce.py: --devices, --tokens-per-device and --inspect-len must be >= 1, "
                          "--needle-samples >= 0")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", args.report_name):
+        raise SystemExit(f"reproduce.py: --report-name must be letters, digits, '.', '_' or '-', got {args.report_name!r}")
     bad = [s for s in args.set if "=" not in s]
     if bad:
         raise SystemExit(f"reproduce.py: --set takes KEY=VALUE, got {bad}")

@@ -167,12 +167,23 @@ def test_paper_pipeline_on_cpu(tmp_path):
             assert (figs / f"{fig}.png").stat().st_size > 5_000
         assert set(json.loads((figs / "results.json").read_text())) == {"fox_pro", "transformer_llama"}
 
+    # another budget's page beside the default one: its own page, folder and links
+    r = reproduce("report", "--scale", "paper-125m", "--docs", str(docs), "--report-name", "longer", out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    page = (docs / "results-longer.md").read_text()
+    assert "--report-name longer" in page and "](results/longer/per_token_loss.png)" in page
+    assert "results/paper-125m" not in page
+    assert (docs / "results" / "longer" / "per_token_loss.png").stat().st_size > 5_000
+    assert "--report-name longer" not in (docs / "results-paper-125m.md").read_text()
+
 
 def test_paper_arguments(tmp_path):
     r = reproduce("train", "--scale", "paper-125m", "--models", "fox_pro,mamba9", out=tmp_path)
     assert r.returncode != 0 and "--models: unknown ['mamba9']" in r.stderr and "delta_net" in r.stderr
     r = reproduce("report", "--scale", "paper-125m", out=tmp_path)
     assert r.returncode != 0 and "no per-model results" in r.stderr
+    r = reproduce("report", "--scale", "paper-125m", "--report-name", "../x", out=tmp_path)
+    assert r.returncode != 0 and "--report-name must be letters" in r.stderr.strip().splitlines()[-1]
 
 
 def test_context_gain_separates_a_plateau_from_a_falling_curve():
