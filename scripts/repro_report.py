@@ -102,7 +102,10 @@ def write_report(out: Path, docs: Path, models: list[str], env: dict) -> Path:
                "gpu_hour_usd": GPU_HOUR_USD}
     (figs / "results.json").write_text(json.dumps(results, indent=1))
     path = docs / "results.md"
-    path.write_text(render(results, labels))
+    # the paper-scale section summarises runs of other jobs (results-paper-125m*.md): kept as the page has it
+    previous = path.read_text() if path.exists() else ""
+    paper = previous[previous.index(PAPER_HEADING) :].splitlines() if PAPER_HEADING in previous else PAPER_SCALE[1:]
+    path.write_text(render(results, labels, paper))
     return path
 
 
@@ -135,10 +138,12 @@ HOW_TO = [
 ]
 
 
-# The paper-scale run's section of this page (its own results go to results-paper-125m.md).
-PAPER_SCALE = ["", *"""## Paper scale (125M, 16k)
+# The paper-scale section of this page where the page has none yet; a page that has one keeps it (it
+# summarises the paper-scale runs, whose own pages are results-paper-125m*.md).
+PAPER_HEADING = "## Paper scale (125M, 16k)"
+PAPER_SCALE = ["", *f"""{PAPER_HEADING}
 
-Not run yet: results are pending (no GPU time has gone to it; nothing below is a measurement).
+The paper-scale runs' own pages are results-paper-125m*.md (`reproduce.py report --scale paper-125m`).
 `--scale paper-125m` runs the paper's own setting scaled down only in tokens: the official LongCrawl64 125M
 experiments value for value (`experiment=repro_paper/<model>` loads `longcrawl64/*/*_125m_2b`; a test checks
 every other key), training length 16,384, DDP over the GPUs of one host, evaluated to 64k.
@@ -169,7 +174,7 @@ def _fmt(x, spec=".3f"):
     return "n/a" if x is None else format(x, spec)
 
 
-def render(r: dict, labels: dict[str, str]) -> str:
+def render(r: dict, labels: dict[str, str], paper_section: list[str] = PAPER_SCALE[1:]) -> str:
     ev, env, tr = r["evaluation"], r["environment"], r["training"]
     L, T = ev["train_len"], ev["eval_len"]
     total = sum(r["stage_seconds"].values())
@@ -253,8 +258,8 @@ def render(r: dict, labels: dict[str, str]) -> str:
     lines += targets(ev, labels)
     lines += HOW_TO
     lines += ["All numbers: [results/results.json](results/results.json).", ""]
-    lines += PAPER_SCALE
-    return "\n".join(lines)
+    lines += paper_section
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def targets(ev: dict, labels: dict[str, str]) -> list[str]:

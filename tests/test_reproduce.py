@@ -33,6 +33,8 @@ def reproduce(*args, out: Path):
 def test_reproduce_all_on_cpu(tmp_path):
     write_slice(tmp_path / "slice.jsonl.xz")
     out, docs = tmp_path / "out", tmp_path / "docs"
+    docs.mkdir()  # a page that already summarises paper-scale runs keeps that section
+    (docs / "results.md").write_text("# old page\n\n## Paper scale (125M, 16k)\n\nkept: 3.724 nats\n")
     sets = [a for s in TINY for a in ("--set", s)]
     r = reproduce("all", "--slice", str(tmp_path / "slice.jsonl.xz"), "--models", "fox_pro,transformer_llama",
                   "--docs", str(docs), "--eval-factor", "2", "--eval-docs", "3", "--eval-batch", "2", *sets, out=out)
@@ -52,6 +54,12 @@ def test_reproduce_all_on_cpu(tmp_path):
         assert (docs / "results" / f"{fig}.png").stat().st_size > 10_000
     page = (docs / "results.md").read_text()
     assert "| FoX (Pro) |" in page and "| Transformer (LLaMA) |" in page and "The paper's orderings" in page
+    assert page.endswith("results.json).\n\n## Paper scale (125M, 16k)\n\nkept: 3.724 nats\n")
+    assert "# old page" not in page
+    r = reproduce("report", "--docs", str(tmp_path / "fresh"), "--models", "fox_pro,transformer_llama", out=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    fresh = (tmp_path / "fresh" / "results.md").read_text()
+    assert fresh.count("## Paper scale (125M, 16k)") == 1 and "results-paper-125m*.md" in fresh
 
     again = reproduce("train", "--models", "fox_pro", *sets, out=out)  # trained models are not trained again
     assert again.returncode == 0 and "trained already" in again.stdout

@@ -1,4 +1,4 @@
-"""Side-by-side speed of Forgetting Attention contenders (protocol of BENCHMARKS.md).
+"""Side-by-side speed of Forgetting Attention contenders: one GPU, bf16, median times.
 
 Times SDPA (cuDNN and flash backends, no gate: the ceiling), FlexAttention with a FoX score_mod,
 flash-linear-attention's ``parallel_forgetting_attn`` (if installed), the official FoX kernel (given
@@ -220,7 +220,7 @@ def _env():
 
 
 def bench_decode():
-    """One new token per sequence against a cache: bandwidth = K/V bytes of the cache / time (BENCHMARKS.md).
+    """One new token per sequence against a cache: bandwidth = K/V bytes of the cache / time.
 
     Contiguous caches, paged caches (shuffled pages of 16 and 256 tokens) and, with fast gates, cache-tile
     pruning at the eps = e^-10 bound (its bandwidth is effective: the whole cache's bytes over the time)."""

@@ -1,7 +1,7 @@
 """Sliding-window Forgetting Attention: our windowed kernel against our full causal kernel and
 flash-linear-attention's windowed ``parallel_forgetting_attn`` (if installed), side by side in one run.
 
-B*T = 16384 tokens and H*D = 2048 (BENCHMARKS.md), bf16, forward and forward+backward; each case first
+B*T = 16384 tokens and H*D = 2048 (``bench_attention.py``'s shapes), bf16, forward and forward+backward; each case first
 checks that fla and ours agree on the output (same window convention). Prints a table and writes JSON.
 
     python packages/fox-kernel/benchmarks/bench_window.py --out window.json [--quick]

@@ -2,7 +2,7 @@
 re-run the tiles behind a gate of 0 (``ops/dispatch.py``) against the same call without them, on gates
 holding none (the passes' programs only read one number each and return), and on a row packed with
 documents separated by gates of 0 against the same documents as ``cu_seqlens``. bf16, B*T = 16384 tokens,
-H*D = 2048 (BENCHMARKS.md). Prints a table and writes JSON.
+H*D = 2048 (``bench_attention.py``'s shapes). Prints a table and writes JSON.
 
     python packages/fox-kernel/benchmarks/bench_zero_gates.py --out zero-gates.json
 """

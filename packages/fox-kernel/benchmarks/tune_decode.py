@@ -1,6 +1,6 @@
 """Sweeps the decode kernel's launch (``fox_kernel.ops.triton.decode.TILES`` and ``TILES_ONE_HEAD``, set to
 the same values: keys per tile, pipeline stages, warps, programs per SM) at the shapes of a model's decoding step, and prints the bandwidth of each
-(the cache's K/V bytes over the median time, BENCHMARKS.md) beside SDPA without a gate. Each setting's
+(the cache's K/V bytes over the median time) beside SDPA without a gate. Each setting's
 output is checked against the default one's.
 
     python packages/fox-kernel/benchmarks/tune_decode.py --out tune-decode.json
