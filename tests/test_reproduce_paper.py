@@ -201,3 +201,19 @@ def test_context_gain_separates_a_plateau_from_a_falling_curve():
     expected = 0.1 * (np.log(pos[L // 2 : L]).mean() - np.log(pos[L // 16 : L // 8]).mean())  # about 0.1 ln 6
     assert abs(a - expected) < 0.005 and a > 0.15
     assert abs(b) < 0.005 and b < a
+
+
+def test_limits_name_a_rise_that_every_model_shares():
+    from repro_report import limits_of_the_run
+
+    def run(end_over_L):
+        records = [{"step": 2, "tokens": 1024, "loss": 5.0, "tokens_per_s": 10.0}]
+        return {"training": {"records": records, "wall_clock_s": 1.0}, "config": {},
+                "evaluation": {"end_over_L": end_over_L, "needle": {"found_all": 0.25}}}
+
+    labels = {"fox_pro": "FoX (Pro)", "transformer_llama": "Transformer (LLaMA)"}
+    shared = "\n".join(limits_of_the_run({"fox_pro": run(1.009), "transformer_llama": run(1.026)}, labels, 64))
+    assert "FoX (Pro) 1.009; Transformer (LLaMA) 1.026" in shared and "not all of its ratio" in shared
+    alone = "\n".join(limits_of_the_run({"fox_pro": run(0.998), "transformer_llama": run(1.026)}, labels, 64))
+    flat = "\n".join(limits_of_the_run({"fox_pro": run(1.009), "transformer_llama": run(1.004)}, labels, 64))
+    assert "rises too" not in alone and "rises too" not in flat and "does not rise past L" in flat
