@@ -104,7 +104,7 @@ def write_report(out: Path, docs: Path, models: list[str], env: dict) -> Path:
     path = docs / "results.md"
     # the paper-scale section summarises runs of other jobs (results-paper-125m*.md): kept as the page has it
     previous = path.read_text() if path.exists() else ""
-    paper = previous[previous.index(PAPER_HEADING) :].splitlines() if PAPER_HEADING in previous else PAPER_SCALE[1:]
+    paper = previous[previous.index(PAPER_HEADING) :].splitlines() if PAPER_HEADING in previous else PAPER_SCALE
     path.write_text(render(results, labels, paper))
     return path
 
@@ -141,7 +141,7 @@ HOW_TO = [
 # The paper-scale section of this page where the page has none yet; a page that has one keeps it (it
 # summarises the paper-scale runs, whose own pages are results-paper-125m*.md).
 PAPER_HEADING = "## Paper scale (125M, 16k)"
-PAPER_SCALE = ["", *f"""{PAPER_HEADING}
+PAPER_SCALE = f"""{PAPER_HEADING}
 
 The paper-scale runs' own pages are results-paper-125m*.md (`reproduce.py report --scale paper-125m`).
 `--scale paper-125m` runs the paper's own setting scaled down only in tokens: the official LongCrawl64 125M
@@ -167,14 +167,14 @@ python scripts/reproduce.py report --scale paper-125m       # anywhere, from OUT
 - Needs: a host of 2 (or N) H100/H200 GPUs per job, about 10 minutes a job at ~190k tokens/s per GPU
   (docs/performance.md, 125M at 16k); DeltaNet trains slower and may need a smaller `--tokens-per-device`.
 - Writes docs/results-paper-125m.md and docs/results/paper-125m/.
-""".splitlines()]
+""".splitlines()
 
 
 def _fmt(x, spec=".3f"):
     return "n/a" if x is None else format(x, spec)
 
 
-def render(r: dict, labels: dict[str, str], paper_section: list[str] = PAPER_SCALE[1:]) -> str:
+def render(r: dict, labels: dict[str, str], paper_section: list[str] = PAPER_SCALE) -> str:
     ev, env, tr = r["evaluation"], r["environment"], r["training"]
     L, T = ev["train_len"], ev["eval_len"]
     total = sum(r["stage_seconds"].values())
@@ -484,9 +484,9 @@ def limits_of_the_run(rs: dict[str, dict], labels: dict[str, str], L: int) -> li
             out.append(f"- {labels[m]}'s L(i) does not rise past L here (ratio {ratio:.3f}): the paper's RoPE "
                        "extrapolation failure is not reproduced at this budget.")
     fox_ratio = {m: rs[m]["evaluation"]["end_over_L"] for m in labels if m.startswith("fox")}
-    shared = [r for r in fox_ratio.values() if r > 1.0]
+    fox_rises = any(r > 1.0 for r in fox_ratio.values())
     for m, ratio in rises.items():
-        if ratio > FLAT_PAST_L and shared:
+        if ratio > FLAT_PAST_L and fox_rises:
             out.append(f"- Past L the FoX models' L(i), which has no position to extrapolate, rises too "
                        f"({', '.join(f'{labels[f]} {r:.3f}' for f, r in fox_ratio.items())}; {labels[m]} {ratio:.3f}): "
                        "part of every model's rise is the content of the held-out documents' later files, so "

@@ -209,7 +209,7 @@ H200, three stages and one wave against two stages rounding up: 8 x 32k 3.71 -> 
 3.95, 32 x 8k 3.23 -> 3.97 (SDPA without a gate 4.16-4.22; three rounds each,
 ``benchmarks/decode-splits-ab-h200-2026-11-27.json``). Three stages alone lost at 8 x 32k (2.82): its 5
 splits of 64 KV heads made 320 programs, more than the 264 that fit at once."""
-TILES_ONE_HEAD = dict(block_n=128, num_stages=3, num_warps=8, programs_per_sm=4)
+TILES_ONE_HEAD = dict(block_n=128, num_stages=3, num_warps=8, programs_per_sm=4, one_wave=False)
 """The launch where each KV head serves one query head (no GQA) and head dim <= 128: a program then holds
 one query row, and longer, deeper-pipelined key tiles keep more of the cache in flight (on an H200 at
 batch 32, 16k tokens, D=64: 2.9 -> 3.6 TB/s; batch 8, D=128: 2.8 -> 3.4)."""
@@ -248,14 +248,14 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     tiles = _tiles(group, block_d)
     block_n = 16 if launch.INTERPRET or not q.is_cuda else tiles["block_n"]
     rows_per_launch = max(1, 64 // group)
-    splits = _num_splits(q.device, B * Hkv, Tmax, block_n, tiles["programs_per_sm"], tiles.get("one_wave", False))
+    splits = _num_splits(q.device, B * Hkv, Tmax, block_n, tiles["programs_per_sm"], tiles["one_wave"])
     out = torch.empty_like(q)
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
         block_m = max(16, triton.next_power_of_2(group * rows))
-        # the slices' partial outputs, maxima and sums in one allocation
-        part = torch.empty(splits * B * Hkv * block_m * (block_d + 2), dtype=torch.float32, device=q.device)
-        acc, m, lsum = part.split([part.numel() // (block_d + 2) * block_d] + [part.numel() // (block_d + 2)] * 2)
+        # the slices' partial outputs, maxima and sums (n rows each) in one allocation
+        n = splits * B * Hkv * block_m
+        acc, m, lsum = torch.empty(n * (block_d + 2), dtype=torch.float32, device=q.device).split([n * block_d, n, n])
         _decode_kernel[(splits, B * Hkv)](
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
             block_table, 0 if block_table is None else block_table.stride(0),
