@@ -183,8 +183,10 @@ def main():
                     profiles[f"D={D} {name}"] = prof
                     print(f"  profile {name} (D={D}, fast gates): " + "; ".join(
                         f"{k} {us:.0f}us x{n}" for k, us, n in prof[:12]))
+    from fox_kernel.ops.triton import launch
+
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               python=platform.python_version(), options=current_options().key)
+               python=platform.python_version(), options=current_options().key, cached_launch=launch.CACHED)
     with open(args.out, "w") as f:
         json.dump(dict(env=env, rows=rows, profiles=profiles), f, indent=1)
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))

@@ -8,7 +8,10 @@ without the "auto" pruning bound), the public function through autograd, and SDP
 autograd for scale. Each row is the mean of ``--calls`` calls queued without synchronising. Prints a
 table and writes JSON.
 
-    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256]
+``--launch-ab`` times every case with the kernels' cached launches (``ops/triton/launch.run``) and through
+Triton's own launch path, in alternating rounds in this one process, and reports the median of each.
+
+    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--launch-ab]
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def main(argv=None):
     ap.add_argument("--out", default="host_overhead.json")
     ap.add_argument("--official", help="path of the official pruning kernel's forgetting_attention.py (needs einops): "
                     "adds its fwd+bwd through autograd, exact and with a per-head bound")
+    ap.add_argument("--launch-ab", action="store_true",
+                    help="each case with cached launches and through Triton's launch path, alternating rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --launch-ab")
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions (own time) of the autograd calls with and without pruning")
     args = ap.parse_args(argv)
@@ -125,13 +131,22 @@ def main(argv=None):
 
         cases["official fwd+bwd (autograd)"] = lambda: official(None)
         cases["official fwd+bwd, per-head bound (autograd)"] = lambda: official(per_head)
-    rows = [dict(case=name, host_us=host_us(fn, args.calls)) for name, fn in cases.items()]
+    if args.launch_ab:
+        rows = launch_ab(cases, args.calls, args.rounds)
+    else:
+        rows = [dict(case=name, host_us=host_us(fn, args.calls)) for name, fn in cases.items()]
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                python=platform.python_version(), cpu=platform.processor() or platform.machine())
     print(" | ".join(f"{k}={v}" for k, v in env.items()) + f" | T={T} H={H} D={D} bf16")
-    print(f"{'case':56s} {'host us/call':>12s}")
-    for r in rows:
-        print(f"{r['case']:56s} {r['host_us']:12.1f}")
+    if args.launch_ab:
+        print(f"{'case':56s} {'cached us':>10s} {'Triton us':>10s} {'ratio':>6s}")
+        for r in rows:
+            print(f"{r['case']:56s} {r['host_us']:10.1f} {r['host_us_triton_launch']:10.1f} "
+                  f"{r['host_us'] / r['host_us_triton_launch']:6.3f}")
+    else:
+        print(f"{'case':56s} {'host us/call':>12s}")
+        for r in rows:
+            print(f"{r['case']:56s} {r['host_us']:12.1f}")
     profiles = {}
     if args.profile:
         for name in ("forgetting_attention fwd+bwd (autograd)", "forgetting_attention fwd+bwd, auto pruning (autograd)"):
@@ -145,6 +160,26 @@ def main(argv=None):
     with open(args.out, "w") as f:
         json.dump(dict(env=env, seq_len=T, heads=H, head_dim=D, calls=args.calls, rows=rows, profiles=profiles), f,
                   indent=1)
+
+
+def launch_ab(cases, calls: int, rounds: int) -> list[dict]:
+    """Per case, the median host time over ``rounds`` rounds with the cached launches (``host_us``) and
+    through Triton's launch path (``host_us_triton_launch``), the two alternating within each round."""
+    import statistics
+
+    from fox_kernel.ops.triton import launch
+
+    times = {name: {True: [], False: []} for name in cases}
+    try:
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                for cached in (False, True):
+                    launch.CACHED = cached
+                    times[name][cached].append(host_us(fn, calls))
+    finally:
+        launch.CACHED = True
+    return [dict(case=name, host_us=statistics.median(t[True]), host_us_triton_launch=statistics.median(t[False]),
+                 rounds=dict(cached=t[True], triton=t[False])) for name, t in times.items()]
 
 
 def python_profile(fn, calls: int) -> list[dict]:

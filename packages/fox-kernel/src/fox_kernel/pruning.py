@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.norms import max_sq_row_norms
 
 DEFAULT_LOG_TOLERANCE = -10.0
@@ -118,7 +119,7 @@ def auto_threshold(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOLERA
     n2 = max_sq_row_norms(q, k)
     out = torch.empty(B, H, dtype=torch.float32, device=q.device)
     if B > 0:
-        _head_threshold_kernel[(B,)](n2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
+        launch.run(_head_threshold_kernel, (B,), n2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
                                      float(bound(0.0, t_k, log_pruning_tolerance)), BLOCK_H=triton.next_power_of_2(H),
                                      num_warps=1)
     return out

@@ -26,6 +26,7 @@ from fox_kernel.ops.gluon.tiles import (
     gluon_blocks,
     launch_grid,
 )
+from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.norms import key_sq_norms
 from fox_kernel.ops.triton.ranges import kept_ranges, kept_ranges_pair
 from fox_kernel.ops.triton.sums import local_sums
@@ -54,7 +55,7 @@ def forward(q, k, v, c, call: AttentionCall, fixed: bool):
     # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
     # at B=4 x 32 heads: benchmarks/launch-order-h100-s17.json)
     grid, hf = launch_grid(triton.cdiv(Tq, block_m), B * H, B * H <= 12)
-    gluon_fwd_kernel[grid](
+    launch.run(gluon_fwd_kernel, grid,
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value,
@@ -116,7 +117,7 @@ def _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq
         row_sums = torch.zeros(B * H * 4, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         dq_desc = _descriptor(dq_acc, block_m)
         rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
-    gluon_dkdv_kernel[grid](
+    launch.run(gluon_dkdv_kernel, grid,
         q_desc, _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
         c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
@@ -139,7 +140,7 @@ def _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
     grid = (triton.cdiv(Tq, block_m), B * H)
-    gluon_dq_kernel[grid](
+    launch.run(gluon_dq_kernel, grid,
         _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
         c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
         dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),

@@ -386,7 +386,7 @@ def _dkdv_pass(q, k, v, c, call, do, lse, delta, dk, dv, dc, dq, dc_row, one_pas
     clq = None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
     grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), call.options.order_dkdv,
                                     D, H // Hkv)
-    launch.any_length(_dkdv_kernel, Tq, Tk)[grid](
+    launch.run(launch.any_length(_dkdv_kernel, Tq, Tk), grid,
         q, k, v, c, clq, z, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
         dq_acc, dc_row, dq_desc,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(do), launch.strides(dk),
@@ -408,7 +408,7 @@ def _dq_pass(q, k, v, c, call, do, lse, delta, dq, dc_row, flags, n_rows, t_max,
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, flags["USE_TMA"])
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
     grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), call.options.order_dq)
-    launch.any_length(_dq_kernel, Tq, Tk)[grid](
+    launch.run(launch.any_length(_dq_kernel, Tq, Tk), grid,
         q, k, v, c, None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z,
         seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(do), launch.strides(dq),

@@ -256,7 +256,7 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         # the slices' partial outputs, maxima and sums (n rows each) in one allocation
         n = splits * B * Hkv * block_m
         acc, m, lsum = torch.empty(n * (block_d + 2), dtype=torch.float32, device=q.device).split([n * block_d, n, n])
-        _decode_kernel[(splits, B * Hkv)](
+        launch.run(_decode_kernel, (splits, B * Hkv),
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
             block_table, 0 if block_table is None else block_table.stride(0),
             page_size, k_cache.shape[0], threshold, H,
@@ -268,7 +268,7 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             PRECISION=launch.precision(q.dtype),
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"] if q.is_cuda else 1,
         )
-        _merge_kernel[(B * Hkv, group * rows)](
+        launch.run(_merge_kernel, (B * Hkv, group * rows),
             acc, m, lsum, out, launch.strides(out), B, Hkv, q0, rows, D, splits,
             GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
             num_warps=4,

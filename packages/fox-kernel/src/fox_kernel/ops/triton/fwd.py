@@ -328,10 +328,10 @@ def forward(q, k, v, c, call: AttentionCall, fixed: bool):
                  LOG_EPS=float(call.auto_log_eps or 0.0), **cfg)
     kernel = launch.any_length(_fwd_kernel, Tq, Tk)
     if fixed:
-        kernel[grid](*args, FIXED=True, MARKED=False, **flags)
-        kernel[grid](*args, FIXED=False, MARKED=True, **flags)
+        launch.run(kernel, grid, *args, FIXED=True, MARKED=False, **flags)
+        launch.run(kernel, grid, *args, FIXED=False, MARKED=True, **flags)
     else:
-        kernel[grid](*args, FIXED=False, MARKED=False, **flags)
+        launch.run(kernel, grid, *args, FIXED=False, MARKED=False, **flags)
     return out, lse, threshold
 
 
@@ -346,7 +346,7 @@ def forward_zero_gates(q, k, v, c, z, call: AttentionCall, out, lse):
     n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tq)
     cfg = launch.rerun_config("fwd", D, q.dtype, q.device)
     grid, heads_first = launch.grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), None, D, H // Hkv)
-    launch.any_length(_fwd_kernel, Tq, Tk)[grid](
+    launch.run(launch.any_length(_fwd_kernel, Tq, Tk), grid,
         q, k, v, c, None, z, seq_start, cu_seqlens, None,
         out, lse, None, None, None, None,
         launch.strides(q), launch.strides(k), launch.strides(v), launch.strides(out), launch.strides(c, 2),

@@ -53,7 +53,8 @@ def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None, per_row: bo
     y_ = y if y is not None else x
     if max(TX, TY) > 0 and B > 0:
         block_t = 64
-        _max_sq_norm_kernel[(B * (HX + HY), triton.cdiv(max(TX, TY), block_t))](
+        launch.run(
+            _max_sq_norm_kernel, (B * (HX + HY), triton.cdiv(max(TX, TY), block_t)),
             x, y_, out, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, BLOCK_T=block_t,
             BLOCK_D=launch.block_d(D), PER_ROW=per_row, num_warps=4,
         )

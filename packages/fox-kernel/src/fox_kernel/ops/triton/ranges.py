@@ -188,7 +188,7 @@ def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_m
         blocks_first = n_keys + n_queries > 65535
     if n_rows * H and n_keys + n_queries:
         grid = (n_keys + n_queries, n_rows * H) if blocks_first else (n_rows * H, n_keys + n_queries)
-        _kept_range_kernel[grid](
+        launch.run(_kept_range_kernel, grid,
             c, seq_start, cu_seqlens, threshold, keys if keys is not None else queries,
             queries if queries is not None else keys, c.stride()[:2], H, Tq, Tk, window, n_keys, n_queries,
             KEY_M=kb["BLOCK_M"], KEY_N=kb["BLOCK_N"], QUERY_M=qb["BLOCK_M"], QUERY_N=qb["BLOCK_N"],

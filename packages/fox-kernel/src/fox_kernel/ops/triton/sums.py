@@ -87,7 +87,7 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: 
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
     if B * H and T:
-        _prefix_sums_kernel[(B * H,)](log_fgate, seq_start, c, z, launch.strides(log_fgate), H, T,
+        launch.run(_prefix_sums_kernel, (B * H,), log_fgate, seq_start, c, z, launch.strides(log_fgate), H, T,
                                       HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=_scan_block(T),
                                       num_warps=4)
     return (c, z) if zeros else c
@@ -100,7 +100,7 @@ def suffix_sums(dc: torch.Tensor, dc_row: torch.Tensor, seq_start: torch.Tensor 
     Tq = dc_row.shape[-1]
     out = torch.empty(B, Tk, H, dtype=torch.float32, device=dc.device)
     if B * H and Tk:
-        _gate_grad_kernel[(B * H,)](dc, dc_row, seq_start, out, launch.strides(out), H, Tq, Tk,
+        launch.run(_gate_grad_kernel, (B * H,), dc, dc_row, seq_start, out, launch.strides(out), H, Tq, Tk,
                                     HAS_SEQ_START=seq_start is not None, BLOCK=_scan_block(Tk), num_warps=4)
     return out
 
@@ -145,7 +145,7 @@ def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
     H = c.shape[1]
     t = c.shape[-1] if cu_seqlens is None else t_max  # keys of the longest sequence
     grid = (triton.cdiv(max(t - origin, 0), seg) + 1, n_rows * H)
-    _local_sums_kernel[grid](c, cu_seqlens, out, launch.strides(c, 2), H, c.shape[-1], origin,
+    launch.run(_local_sums_kernel, grid, c, cu_seqlens, out, launch.strides(c, 2), H, c.shape[-1], origin,
                              IS_VARLEN=cu_seqlens is not None, SEG=seg, num_warps=4)
     return out
 
@@ -173,6 +173,6 @@ def delta(out: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """(B, H, Tq) float32: delta_i = sum_d o_id * do_id, the softmax backward's row term."""
     B, Tq, H, D = out.shape
     result = torch.empty(B, H, Tq, dtype=torch.float32, device=out.device)
-    _delta_kernel[(triton.cdiv(Tq, 64), B * H)](out, do, result, launch.strides(out), launch.strides(do), H, Tq, D,
-                                                BLOCK_M=64, BLOCK_D=launch.block_d(D))
+    launch.run(_delta_kernel, (triton.cdiv(Tq, 64), B * H), out, do, result, launch.strides(out), launch.strides(do),
+               H, Tq, D, BLOCK_M=64, BLOCK_D=launch.block_d(D))
     return result

@@ -1,0 +1,123 @@
+"""The cached launcher (``ops/triton/launch.run``): a launch that hits its cache runs the kernel Triton would
+run, gives what Triton's own launch path gives, and a new specialisation (pointer alignment, an int of 1,
+a dtype, a constexpr) goes through Triton again instead of reusing a kernel compiled for other arguments."""
+
+import pytest
+import torch
+
+from fox_kernel import forgetting_attention
+from fox_kernel.ops.triton import launch, sums
+from fox_kernel.testing import random_log_fgate
+
+
+@pytest.fixture
+def cached_launches(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if launch.INTERPRET:
+        pytest.skip("the interpreter launches through Triton")
+    monkeypatch.setattr(launch, "CACHED", True)
+
+
+def _triton_launches(monkeypatch, kernel):
+    """A list that grows by one each time ``kernel`` goes through Triton's own launch path."""
+    seen = []
+    run = kernel.run
+
+    def counting(*args, **kwargs):
+        seen.append(1)
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", counting)
+    return seen
+
+
+def _delta_inputs(T, H, D, dtype, offset, seed):
+    g = torch.Generator().manual_seed(seed)
+    # ``offset`` elements into a flat buffer: an offset of 1 leaves the rows 2 bytes off 16-byte alignment
+    flat = torch.randn(2, offset + T * H * D, generator=g).to("cuda", dtype)
+    out, do = (x[offset:].view(1, T, H, D) for x in flat)
+    return out, do
+
+
+@pytest.mark.gpu
+def test_a_hit_skips_triton_and_a_new_specialisation_does_not(monkeypatch, cached_launches):
+    monkeypatch.setattr(launch, "_COMPILED", {})  # as in a fresh process
+    seen = _triton_launches(monkeypatch, sums._delta_kernel)
+    cases = [  # (T, H, D, dtype, offset): each differs from the one before in what Triton specialises on
+        (96, 3, 64, torch.bfloat16, 0),
+        (96, 3, 64, torch.bfloat16, 0),  # the same again: a hit
+        (96, 3, 64, torch.bfloat16, 1),  # pointers off 16-byte alignment
+        (1, 3, 64, torch.bfloat16, 0),  # a length of 1 (Triton makes it a constant)
+        (96, 3, 64, torch.float16, 0),  # another dtype
+        (96, 3, 40, torch.bfloat16, 0),  # a head dim not divisible by 16
+        (96, 3, 100, torch.bfloat16, 0),  # another BLOCK_D constexpr (128)
+        (112, 5, 64, torch.bfloat16, 1),  # other sizes, the same specialisation as the third case
+    ]
+    expected_through_triton = [True, False, True, True, True, True, True, False]
+    for i, ((T, H, D, dtype, offset), through_triton) in enumerate(zip(cases, expected_through_triton)):
+        before = len(seen)
+        out, do = _delta_inputs(T, H, D, dtype, offset, seed=i)
+        got = sums.delta(out, do)
+        want = (out.float() * do.float()).sum(-1).transpose(1, 2)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert (len(seen) > before) == through_triton, (i, cases[i])
+
+
+@pytest.mark.gpu
+def test_cached_and_triton_launches_give_identical_results(monkeypatch, cached_launches):
+    """A pruned forward+backward (every pass of the kernel, Gluon or Triton as the GPU takes them), run
+    three times with cached launches and once through Triton alone: bit-identical outputs and gradients."""
+    g = torch.Generator().manual_seed(3)
+    B, T, H, D = 2, 333, 4, 64
+    q, k, v, do = (torch.randn(B, T, H, D, generator=g).to("cuda", torch.bfloat16) for _ in range(4))
+    lf = random_log_fgate((B, T, H), speed="fast", generator=g).cuda()
+
+    def step():
+        leaves = [x.clone().requires_grad_() for x in (q, k, v, lf)]
+        out = forgetting_attention(*leaves, adaptive_threshold="auto", zero_gates=False)
+        return [out, *torch.autograd.grad(out, leaves, do)]
+
+    cached = [step() for _ in range(3)]
+    monkeypatch.setattr(launch, "CACHED", False)
+    through_triton = step()
+    for run in cached:
+        for a, b in zip(run, through_triton):
+            assert torch.equal(a, b)
+
+
+
+@pytest.mark.parametrize("with_defaults", [False, True])
+def test_binder_binds_as_python_and_keys_what_triton_specialises(with_defaults):
+    """On the CPU (no launch): the generated binder puts a call's arguments in the kernel's parameter order
+    as Python's own binding of its signature does, and its key changes where Triton's specialisation does
+    (alignment, an int of 1 or a multiple of 16, a dtype, a constexpr) and nowhere else."""
+    import inspect
+
+    from triton.backends.compiler import BaseBackend
+
+    kernel = sums._delta_kernel
+    bind = launch.make_binder(kernel, BaseBackend)
+    buffer = torch.randn(10_000)
+
+    def call(T=37, D=40, offset=0, dtype=torch.float32, block_m=64):
+        x = buffer[offset:offset + T * 3 * D].to(dtype).view(1, T, 3, D)
+        args = (x, x, torch.empty(1, 3, T), (T * 3 * D, 3 * D, D), (T * 3 * D, 3 * D, D), 3, T, D)
+        kwargs = dict(BLOCK_D=64, num_warps=4)
+        if with_defaults:
+            kwargs["BLOCK_M"] = block_m
+        else:
+            args = args + (block_m,)
+        return args, kwargs
+
+    args, kwargs = call()
+    values, key, options = bind(*args, **kwargs)
+    bound = inspect.signature(kernel.fn).bind(*args, **{k: v for k, v in kwargs.items() if k != "num_warps"})
+    assert values == tuple(bound.arguments.values())
+    assert options == (("num_warps", 4),)
+    same = [call(T=41), call(T=53, D=56)]  # other lengths and dims with the same remainders mod 16
+    for args2, kwargs2 in same:
+        assert bind(*args2, **kwargs2)[1] == key
+    different = [call(offset=1), call(T=1), call(T=48), call(D=48), call(dtype=torch.bfloat16), call(block_m=32)]
+    for args2, kwargs2 in different:
+        assert bind(*args2, **kwargs2)[1] != key
