@@ -54,8 +54,9 @@ def build(tokenizer, haystack: np.ndarray, length: int, depth: float, needle: tu
         raise ValueError(f"the haystack holds {len(haystack)} tokens, fewer than the {budget} needed for {length}")
     hay = [int(t) for t in haystack[:budget]]
     at = int(round(budget * depth / 100))
-    # move back to just after a newline, so the definition is a line of its own
-    while 0 < at < budget and hay[at - len(nl) : at] != nl:
+    # move back to just after a newline, so the definition is a line of its own (at 100% too: the haystack
+    # is cut mid-line)
+    while at > 0 and hay[at - len(nl) : at] != nl:
         at -= 1
     ids = [EOT, *hay[:at], *need, *hay[at:], *query, *ans]
     return ids[:-1], ans, 1 + at
