@@ -243,7 +243,11 @@ def run(kernel, grid, *args, **kwargs) -> None:
         return
     entry = _BINDERS.get(id(kernel))
     if entry is None:
-        entry = _BINDERS[id(kernel)] = (kernel, make_binder(kernel))
+        # a kernel without a JIT function's parameters (an autotuner, say) always launches through Triton
+        entry = _BINDERS[id(kernel)] = (kernel, make_binder(kernel) if hasattr(kernel, "params") else None)
+    if entry[1] is None:
+        kernel[grid](*args, **kwargs)
+        return
     values, spec, options = entry[1](*args, **kwargs)
     current_device, current_stream, knobs = _runtime()
     device = current_device()
