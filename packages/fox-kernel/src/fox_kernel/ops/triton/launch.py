@@ -245,7 +245,7 @@ def run(kernel, grid, *args, **kwargs) -> None:
     if entry is None:
         # a kernel without a JIT function's parameters (an autotuner, say) always launches through Triton
         entry = _BINDERS[id(kernel)] = (kernel, make_binder(kernel) if hasattr(kernel, "params") else None)
-    if entry[1] is None:
+    if entry[1] is None or callable(grid):  # a grid computed from the bound arguments: Triton's path
         kernel[grid](*args, **kwargs)
         return
     values, spec, options = entry[1](*args, **kwargs)
