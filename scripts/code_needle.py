@@ -100,11 +100,16 @@ def run(model, tokenizer, haystacks: np.ndarray, lengths=None, depths=None, samp
                 for s, res in zip(range(b, b + len(part)), score(model, [c[0] for c in part], [c[1] for c in part], device)):
                     rows.append({"length": length, "depth": depth, "document": s, "needle_token": part[s - b][2], **res})
     grid = np.zeros((len(depths), len(lengths)))
+    tokens = np.zeros_like(grid)  # the share of the value's tokens the argmax gets right: partial recall
     for r in rows:
-        grid[depths.index(r["depth"]), lengths.index(r["length"])] += r["found"] / samples
+        cell = depths.index(r["depth"]), lengths.index(r["length"])
+        grid[cell] += r["found"] / samples
+        tokens[cell] += r["token_accuracy"] / samples
     return {"lengths": lengths, "depths": depths, "samples": samples, "grid_found": grid.tolist(),
             "found_by_length": {str(L): float(grid[:, j].mean()) for j, L in enumerate(lengths)},
-            "found_all": float(grid.mean()), "rows": rows}
+            "found_all": float(grid.mean()),
+            "token_accuracy_by_length": {str(L): float(tokens[:, j].mean()) for j, L in enumerate(lengths)},
+            "token_accuracy_all": float(tokens.mean()), "rows": rows}
 
 
 def heatmap(result: dict, path: Path, title: str, train_len: int | None = None) -> None:

@@ -437,6 +437,14 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, 
             lines.append(f"| {labels[m]} | " + " | ".join(f"{n['found_by_length'][str(x)]:.0%}" for x in lengths)
                          + f" | {n['found_all']:.0%} |")
         lines.append("")
+        if all("token_accuracy_by_length" in n for n in needles.values()):  # runs before it kept found only
+            lines += ["Share of the value's tokens that the argmax predicts right (partial recall), by context length:",
+                      "", "| model | " + " | ".join(f"{n:,}" for n in lengths) + " | all |",
+                      "|---" * (len(lengths) + 2) + "|"]
+            for m, n in needles.items():
+                lines.append(f"| {labels[m]} | " + " | ".join(f"{n['token_accuracy_by_length'][str(x)]:.0%}"
+                                                             for x in lengths) + f" | {n['token_accuracy_all']:.0%} |")
+            lines.append("")
         lines += [f"![needle {labels[m]}]({figs}/needle_{m}.png)" for m in needles] + [""]
     pruned = {m: rs[m]["evaluation"]["pruning"] for m in labels if "pruning" in rs[m]["evaluation"]}
     if pruned:

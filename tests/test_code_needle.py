@@ -100,3 +100,30 @@ def test_a_haystack_too_short_or_a_bad_depth_is_refused(tokenizer, haystack):
         code_needle.build(tokenizer, haystack[:100], 600, 50.0, needle)
     with pytest.raises(ValueError, match="depth"):
         code_needle.build(tokenizer, haystack, 600, 101.0, needle)
+
+
+def test_run_counts_found_and_partial_recall_per_cell(tokenizer, haystack, monkeypatch):
+    """``run``'s grids from the scorer's rows: a cell's found rate and token accuracy are the means over its
+    needles (the scorer itself is checked above; here it answers by the needle's place in the run)."""
+    calls = []
+
+    def fake_score(model, rows, answers, device):
+        calls.append(len(rows))
+        k = len(calls) - 1  # needle k of the run: found when k % 3 == 0, else a third of the tokens right
+        return [{"found": k % 3 == 0, "token_accuracy": 1.0 if k % 3 == 0 else 1 / 3}]
+
+    monkeypatch.setattr(code_needle, "score", fake_score)
+    haystacks = np.stack([haystack[:700], haystack[100:800]])
+    result = code_needle.run(None, tokenizer, haystacks, lengths=[300, 600], depths=[0.0, 50.0, 100.0],
+                             samples=2, batch=1, device="cpu")
+    assert sum(calls) == 2 * 3 * 2
+    found = [k % 3 == 0 for k in range(12)]
+    tokens = [1.0 if f else 1 / 3 for f in found]
+    # needles run length by length, depth by depth, then document by document
+    for j, L in enumerate([300, 600]):
+        cells = range(j * 6, j * 6 + 6)
+        assert result["found_by_length"][str(L)] == pytest.approx(np.mean([found[k] for k in cells]))
+        assert result["token_accuracy_by_length"][str(L)] == pytest.approx(np.mean([tokens[k] for k in cells]))
+    assert result["found_all"] == pytest.approx(np.mean(found))
+    assert result["token_accuracy_all"] == pytest.approx(np.mean(tokens))
+    assert result["grid_found"][0][0] == pytest.approx((found[0] + found[1]) / 2)

@@ -150,6 +150,7 @@ def test_paper_pipeline_on_cpu(tmp_path):
         n = ev["needle"]
         assert n["lengths"] == [64, 128, 256, 512, 1024] and len(n["depths"]) == 11
         assert all(0 <= v <= 1 for row in n["grid_found"] for v in row)
+        assert 0 <= n["token_accuracy_all"] <= 1 and n["token_accuracy_all"] >= n["found_all"]
         assert (results / f"{name}_needle.png").stat().st_size > 5_000
     fox = json.loads((results / "fox_pro.json").read_text())["evaluation"]
     assert set(fox["pruning"]["by_length"]) == {"256", "1024"} and abs(fox["pruning"]["loss_change_rel"]) < 0.01
@@ -161,6 +162,7 @@ def test_paper_pipeline_on_cpu(tmp_path):
     for d in (docs, docs / "again"):
         page = (d / "results-paper-125m.md").read_text()
         assert "| FoX (Pro) |" in page and "| Transformer (LLaMA) |" in page and "Needle analog" in page
+        assert "partial recall" in page
         figs = d / "results" / "paper-125m"
         for fig in ("per_token_loss", "training_curves", "needle_fox_pro", "needle_transformer_llama", "decay_times",
                     "forget_and_attention"):
