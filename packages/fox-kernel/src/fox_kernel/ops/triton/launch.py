@@ -1,4 +1,5 @@
-"""How the Triton passes are launched: tile shapes per pass and GPU, launch order, TMA descriptors."""
+"""How the Triton passes are launched: tile shapes per pass and GPU, launch order, TMA descriptors, and
+launches that skip Triton's per-call work once a specialisation has been launched (``run``)."""
 
 from __future__ import annotations
 
