@@ -170,6 +170,7 @@ def launch_ab(cases, calls: int, rounds: int) -> list[dict]:
     from fox_kernel.ops.triton import launch
 
     times = {name: {True: [], False: []} for name in cases}
+    before = launch.CACHED
     try:
         for _ in range(rounds):
             for name, fn in cases.items():
@@ -177,7 +178,7 @@ def launch_ab(cases, calls: int, rounds: int) -> list[dict]:
                     launch.CACHED = cached
                     times[name][cached].append(host_us(fn, calls))
     finally:
-        launch.CACHED = True
+        launch.CACHED = before
     return [dict(case=name, host_us=statistics.median(t[True]), host_us_triton_launch=statistics.median(t[False]),
                  rounds=dict(cached=t[True], triton=t[False])) for name, t in times.items()]
 
