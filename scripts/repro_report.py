@@ -384,6 +384,17 @@ def _training_row(r: dict) -> dict:
             "cost": None if wall is None else wall / 3600 * GPU_HOUR_USD * int(devices)}
 
 
+def _needle_table(needles: dict[str, dict], labels: dict[str, str], measure: str, title: str) -> list[str]:
+    """The needle results' ``<measure>_by_length`` and ``<measure>_all`` per model, as a titled table."""
+    lengths = next(iter(needles.values()))["lengths"]
+    lines = [title, "", "| model | " + " | ".join(f"{n:,}" for n in lengths) + " | all |",
+             "|---" * (len(lengths) + 2) + "|"]
+    for m, n in needles.items():
+        lines.append(f"| {labels[m]} | " + " | ".join(f"{n[f'{measure}_by_length'][str(x)]:.0%}" for x in lengths)
+                     + f" | {n[f'{measure}_all']:.0%} |")
+    return lines + [""]
+
+
 def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, np.ndarray],
                  name: str = PAPER_NAME) -> str:
     figs = f"results/{name}"
@@ -429,22 +440,12 @@ def render_paper(rs: dict[str, dict], labels: dict[str, str], curves: dict[str, 
     lines += ["", f"Cost at ${GPU_HOUR_USD:.2f} per GPU-hour x GPUs; wall-clock of training with start-up and compile.", ""]
     needles = {m: rs[m]["evaluation"]["needle"] for m in labels if "needle" in rs[m]["evaluation"]}
     if needles:
-        lengths = next(iter(needles.values()))["lengths"]
-        lines += ["## Needle analog: a unique definition, its use at the end", "",
-                  "Share of needles whose value greedy decoding reproduces exactly (scripts/code_needle.py), by context length:", "",
-                  "| model | " + " | ".join(f"{n:,}" for n in lengths) + " | all |", "|---" * (len(lengths) + 2) + "|"]
-        for m, n in needles.items():
-            lines.append(f"| {labels[m]} | " + " | ".join(f"{n['found_by_length'][str(x)]:.0%}" for x in lengths)
-                         + f" | {n['found_all']:.0%} |")
-        lines.append("")
+        lines += ["## Needle analog: a unique definition, its use at the end", ""]
+        lines += _needle_table(needles, labels, "found", "Share of needles whose value greedy decoding reproduces "
+                               "exactly (scripts/code_needle.py), by context length:")
         if all("token_accuracy_by_length" in n for n in needles.values()):  # runs before it kept found only
-            lines += ["Share of the value's tokens that the argmax predicts right (partial recall), by context length:",
-                      "", "| model | " + " | ".join(f"{n:,}" for n in lengths) + " | all |",
-                      "|---" * (len(lengths) + 2) + "|"]
-            for m, n in needles.items():
-                lines.append(f"| {labels[m]} | " + " | ".join(f"{n['token_accuracy_by_length'][str(x)]:.0%}"
-                                                             for x in lengths) + f" | {n['token_accuracy_all']:.0%} |")
-            lines.append("")
+            lines += _needle_table(needles, labels, "token_accuracy", "Share of the value's tokens that the argmax "
+                                   "predicts right (partial recall), by context length:")
         lines += [f"![needle {labels[m]}]({figs}/needle_{m}.png)" for m in needles] + [""]
     pruned = {m: rs[m]["evaluation"]["pruning"] for m in labels if "pruning" in rs[m]["evaluation"]}
     if pruned:
