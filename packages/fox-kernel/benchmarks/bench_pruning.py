@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import triton
 
 from fox_kernel import current_options, forgetting_attention
+from fox_kernel.ops.triton import launch
 from fox_kernel.pruning import pruning_threshold
 
 GATES = {"fast (mean log f ~ -0.18)": 1.7, "medium (mean log f ~ -0.018)": 4.0, "slow (mean log f ~ -0.0006)": 7.4}
@@ -183,8 +184,6 @@ def main():
                     profiles[f"D={D} {name}"] = prof
                     print(f"  profile {name} (D={D}, fast gates): " + "; ".join(
                         f"{k} {us:.0f}us x{n}" for k, us, n in prof[:12]))
-    from fox_kernel.ops.triton import launch
-
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                python=platform.python_version(), options=current_options().key, cached_launch=launch.CACHED)
     with open(args.out, "w") as f:

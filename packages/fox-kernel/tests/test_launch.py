@@ -86,7 +86,6 @@ def test_cached_and_triton_launches_give_identical_results(monkeypatch, cached_l
             assert torch.equal(a, b)
 
 
-
 @pytest.mark.parametrize("with_defaults", [False, True])
 def test_binder_binds_as_python_and_keys_what_triton_specialises(with_defaults):
     """On the CPU (no launch): the generated binder puts a call's arguments in the kernel's parameter order

@@ -88,8 +88,8 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: 
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
     if B * H and T:
         launch.run(_prefix_sums_kernel, (B * H,), log_fgate, seq_start, c, z, launch.strides(log_fgate), H, T,
-                                      HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=_scan_block(T),
-                                      num_warps=4)
+                   HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=_scan_block(T),
+                   num_warps=4)
     return (c, z) if zeros else c
 
 
@@ -101,7 +101,7 @@ def suffix_sums(dc: torch.Tensor, dc_row: torch.Tensor, seq_start: torch.Tensor 
     out = torch.empty(B, Tk, H, dtype=torch.float32, device=dc.device)
     if B * H and Tk:
         launch.run(_gate_grad_kernel, (B * H,), dc, dc_row, seq_start, out, launch.strides(out), H, Tq, Tk,
-                                    HAS_SEQ_START=seq_start is not None, BLOCK=_scan_block(Tk), num_warps=4)
+                   HAS_SEQ_START=seq_start is not None, BLOCK=_scan_block(Tk), num_warps=4)
     return out
 
 
@@ -146,7 +146,7 @@ def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
     t = c.shape[-1] if cu_seqlens is None else t_max  # keys of the longest sequence
     grid = (triton.cdiv(max(t - origin, 0), seg) + 1, n_rows * H)
     launch.run(_local_sums_kernel, grid, c, cu_seqlens, out, launch.strides(c, 2), H, c.shape[-1], origin,
-                             IS_VARLEN=cu_seqlens is not None, SEG=seg, num_warps=4)
+               IS_VARLEN=cu_seqlens is not None, SEG=seg, num_warps=4)
     return out
 
 
