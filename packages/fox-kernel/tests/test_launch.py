@@ -120,3 +120,28 @@ def test_binder_binds_as_python_and_keys_what_triton_specialises(with_defaults):
     different = [call(offset=1), call(T=1), call(T=48), call(D=48), call(dtype=torch.bfloat16), call(block_m=32)]
     for args2, kwargs2 in different:
         assert bind(*args2, **kwargs2)[1] != key
+
+
+@pytest.mark.parametrize("value, cached", [("0", False), ("1", True), (None, True)])
+def test_the_environment_switch(value, cached):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "FOX_KERNEL_CACHED_LAUNCH"}
+    if value is not None:
+        env["FOX_KERNEL_CACHED_LAUNCH"] = value
+    code = "from fox_kernel.ops.triton import launch; print(launch.CACHED)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(cached)
+
+
+def test_a_bad_environment_switch_is_refused_naming_it():
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, FOX_KERNEL_CACHED_LAUNCH="yes")
+    out = subprocess.run([sys.executable, "-c", "import fox_kernel"], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "FOX_KERNEL_CACHED_LAUNCH must be 0 or 1, got 'yes'" in out.stderr
