@@ -86,9 +86,9 @@ def _time(fn, args, mode):
     return triton.testing.do_bench(step, warmup=30, rep=150, return_mode="median")
 
 
-def _time_graph(fn, args, mode):
-    """``_time`` of the same call captured once in a CUDA graph and replayed: the GPU time alone, without the
-    host's Python and launch cost (what a ``torch.compile(mode="reduce-overhead")`` step pays)."""
+def capture_graph(fn, args, mode):
+    """The call ``_time`` times, captured once in a CUDA graph (compiled and allocated outside the capture);
+    its ``replay`` runs the same kernels without the host's Python and launch cost."""
     leaves = [x.detach().requires_grad_(mode != "fwd") for x in args[:4]]
     do = torch.randn_like(args[0])
 
@@ -101,14 +101,20 @@ def _time_graph(fn, args, mode):
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and allocate outside the capture
+    with torch.cuda.stream(side):
         for _ in range(3):
             call()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
-    return triton.testing.do_bench(graph.replay, warmup=30, rep=150, return_mode="median")
+    return graph
+
+
+def _time_graph(fn, args, mode):
+    """``_time`` of the same call replayed from a CUDA graph: the GPU time alone (what a
+    ``torch.compile(mode="reduce-overhead")`` step pays)."""
+    return triton.testing.do_bench(capture_graph(fn, args, mode).replay, warmup=30, rep=150, return_mode="median")
 
 
 def _profile(fn, args):

@@ -429,8 +429,8 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("the Triton reduction runs on CUDA or in the interpreter")
-    from fox_kernel.ops.triton.norms import max_row_norms, max_sq_row_norms
-    from fox_kernel.pruning import auto_threshold, pruning_threshold
+    from fox_kernel.ops.triton.norms import key_sq_norms, max_row_norms, max_sq_row_norms
+    from fox_kernel.pruning import auto_threshold, auto_threshold_and_key_norms, pruning_threshold
 
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(3, 131, 5, 40, generator=g) * torch.rand(3, 131, 5, 1, generator=g) * 4).to(device, dtype)
@@ -442,8 +442,11 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     # two tensors in one launch (q and k: other lengths and head counts), and the "auto" bound from them
     y = (torch.randn(3, 70, 2, 40, generator=g) * 3).to(device, dtype)
     want_y = torch.linalg.vector_norm(y.double(), dim=-1).amax(dim=1)
-    both = max_sq_row_norms(x, y).double()
-    torch.testing.assert_close(both, torch.cat([want, want_y], dim=1) ** 2, rtol=1e-5, atol=1e-4)
+    nx, ny = max_sq_row_norms(x, y)
+    torch.testing.assert_close(nx.double(), want**2, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ny.double(), want_y**2, rtol=1e-5, atol=1e-4)
+    # the same maxima as each tensor read alone, bit for bit (the Gluon forward's fixed bound takes ny)
+    assert torch.equal(ny, max_sq_row_norms(y)) and torch.equal(nx, max_sq_row_norms(x))
     rows = max_sq_row_norms(x[1:2], per_row=True).double()  # every row's (T, H), as packed batches use
     torch.testing.assert_close(rows, torch.linalg.vector_norm(x[1].double(), dim=-1) ** 2, rtol=1e-5, atol=1e-4)
     assert torch.equal(rows.amax(0).float(), max_sq_row_norms(x[1:2])[0])
@@ -451,6 +454,8 @@ def test_max_row_norms_and_auto_bound(device_dtype):
     u = want[:, :4] * want_y.repeat_interleave(2, dim=1) * 0.3
     bound = -(2 * u + math.log(70)) - 10.0
     torch.testing.assert_close(auto_threshold(q4, y, 0.3, 70, -10.0).double(), bound, rtol=1e-5, atol=1e-4)
+    threshold, kn2 = auto_threshold_and_key_norms(q4, y, 0.3, 70, -10.0)
+    assert torch.equal(threshold, auto_threshold(q4, y, 0.3, 70, -10.0)) and torch.equal(kn2, key_sq_norms(y, None))
     if device.type == "cuda":  # the CUDA bound (Triton reduction) equals the torch formula on the CPU
         k = x[:, :, :1]
         got = pruning_threshold(x, k, 0.3, 131)

@@ -101,25 +101,32 @@ def tile_threshold(u, t_k, LOG_TOLERANCE: tl.constexpr):
 
 
 @triton.jit
-def _head_threshold_kernel(N2, OUT, H, HKV, GROUP, sm_scale, offset, BLOCK_H: tl.constexpr):
+def _head_threshold_kernel(QN2, KN2, OUT, H, HKV, GROUP, sm_scale, offset, BLOCK_H: tl.constexpr):
     """OUT[b, h] = -2U + offset, U = |q|max |k|max |s| (``offset`` = ln eps - ln Tk) from the squared
-    maxima N2 (B, H + HKV) of max_sq_row_norms(q, k)."""
+    maxima QN2 (B, H) and KN2 (B, HKV) of max_sq_row_norms(q, k)."""
     b = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)
     mask = h < H
-    qn2 = tl.load(N2 + b * (H + HKV) + h, mask=mask, other=0.0)
-    kn2 = tl.load(N2 + b * (H + HKV) + H + h // GROUP, mask=mask, other=0.0)
+    qn2 = tl.load(QN2 + b * H + h, mask=mask, other=0.0)
+    kn2 = tl.load(KN2 + b * HKV + h // GROUP, mask=mask, other=0.0)
     tl.store(OUT + b * H + h, -2.0 * tl.sqrt(qn2 * kn2) * tl.abs(sm_scale) + offset, mask=mask)
 
 
 def auto_threshold(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOLERANCE):
     """``pruning_threshold`` of CUDA (or interpreted) tensors without packed sequences: (B, H) float32 from
     one Triton read of q and k and one small launch."""
+    return auto_threshold_and_key_norms(q, k, sm_scale, t_k, log_pruning_tolerance)[0]
+
+
+def auto_threshold_and_key_norms(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOLERANCE):
+    """(``auto_threshold``, the largest squared key norm per (row, key head) (B, Hkv) float32): the key
+    norms come from the same read of k, and equal ``norms.key_sq_norms(k, None)`` bit for bit (what the
+    forward's fixed softmax bound takes)."""
     B, _, H, _ = q.shape
-    n2 = max_sq_row_norms(q, k)
+    qn2, kn2 = max_sq_row_norms(q, k)
     out = torch.empty(B, H, dtype=torch.float32, device=q.device)
     if B > 0:
-        launch.run(_head_threshold_kernel, (B,), n2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
+        launch.run(_head_threshold_kernel, (B,), qn2, kn2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
                    float(bound(0.0, t_k, log_pruning_tolerance)), BLOCK_H=triton.next_power_of_2(H),
                    num_warps=1)
-    return out
+    return out, kn2

@@ -11,11 +11,12 @@ from fox_kernel.ops.triton import launch
 
 
 @triton.jit
-def _max_sq_norm_kernel(X, Y, OUT, x_strides, y_strides, HX, HY, TX, TY, D,
+def _max_sq_norm_kernel(X, Y, OUT_X, OUT_Y, x_strides, y_strides, HX, HY, TX, TY, D,
                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr):
-    """OUT[b, h] = max over t of |X[b, t, h, :]|^2 for h < HX, of |Y[b, t, h - HX, :]|^2 after (float32;
-    atomic max of non-negative values, so the result does not depend on the order). PER_ROW (X only,
-    B = 1): OUT[t, h] = |X[0, t, h, :]|^2, the same sums one by one."""
+    """OUT_X[b, h] = max over t of |X[b, t, h, :]|^2, OUT_Y[b, h] the same of Y (float32; atomic max of
+    non-negative values, so the result does not depend on the order; the rows of X and of Y are summed by
+    the same code, so a tensor's maxima do not depend on which argument it is). PER_ROW (X only, B = 1):
+    OUT_X[t, h] = |X[0, t, h, :]|^2, the same sums one by one."""
     sxb, sxt, sxh = x_strides
     syb, syt, syh = y_strides
     pid_bh = tl.program_id(0)  # heads fastest: neighbouring programs read neighbouring memory
@@ -26,39 +27,43 @@ def _max_sq_norm_kernel(X, Y, OUT, x_strides, y_strides, HX, HY, TX, TY, D,
         base = X + b.to(tl.int64) * sxb + h * sxh
         stride_t = sxt
         t_len = TX
+        dst = OUT_X + b * HX + h
     else:
         base = Y + b.to(tl.int64) * syb + (h - HX) * syh
         stride_t = syt
         t_len = TY
+        dst = OUT_Y + b * HY + (h - HX)
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     if pid_t * BLOCK_T < t_len:
         offs_d = tl.arange(0, BLOCK_D)
         mask = (offs_t < t_len)[:, None] & (offs_d < D)[None, :]
         x = tl.load(base + offs_t.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
         if PER_ROW:
-            tl.store(OUT + offs_t.to(tl.int64) * HX + h, tl.sum(x * x, 1), mask=offs_t < t_len)
+            tl.store(OUT_X + offs_t.to(tl.int64) * HX + h, tl.sum(x * x, 1), mask=offs_t < t_len)
         else:
-            tl.atomic_max(OUT + pid_bh, tl.max(tl.sum(x * x, 1), 0))
+            tl.atomic_max(dst, tl.max(tl.sum(x * x, 1), 0))
 
 
-def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None, per_row: bool = False) -> torch.Tensor:
-    """(B, Hx [+ Hy]) float32: the largest squared L2 norm over time of the rows of x (B, T, Hx, D)
-    (then of y (B, T', Hy, D)), both read in one launch. ``per_row`` (x alone, B = 1): (T, Hx), every
-    row's squared norm, summed as the maxima are."""
+def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None, per_row: bool = False):
+    """(B, Hx) float32: the largest squared L2 norm over time of the rows of x (B, T, Hx, D). Given y
+    (B, T', Hy, D), the pair (x's (B, Hx), y's (B, Hy)) from one launch that reads both. ``per_row`` (x alone,
+    B = 1): (T, Hx), every row's squared norm, summed as the maxima are."""
     B, TX, HX, D = x.shape
     TY, HY = (y.shape[1], y.shape[2]) if y is not None else (0, 0)
     if per_row and (y is not None or B != 1):
         raise ValueError("per_row takes one tensor with a batch of 1")
-    out = torch.zeros(*((TX, HX) if per_row else (B, HX + HY)), dtype=torch.float32, device=x.device)
+    out = torch.zeros(TX * HX if per_row else B * (HX + HY), dtype=torch.float32, device=x.device)
+    out_x = out.view(TX, HX) if per_row else out[:B * HX].view(B, HX)
+    out_y = out[B * HX:].view(B, HY) if y is not None else out_x
     y_ = y if y is not None else x
     if max(TX, TY) > 0 and B > 0:
         block_t = 64
         launch.run(
             _max_sq_norm_kernel, (B * (HX + HY), triton.cdiv(max(TX, TY), block_t)),
-            x, y_, out, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, BLOCK_T=block_t,
+            x, y_, out_x, out_y, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, BLOCK_T=block_t,
             BLOCK_D=launch.block_d(D), PER_ROW=per_row, num_warps=4,
         )
-    return out
+    return (out_x, out_y) if y is not None else out_x
 
 
 def key_sq_norms(k: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
