@@ -10,6 +10,10 @@ per issued instruction). Writes JSON with every collected counter of each kernel
 
     python packages/fox-kernel/benchmarks/ncu_profile.py --out ncu-profile.json
     python packages/fox-kernel/benchmarks/ncu_profile.py --cases train-16k-d128 decode --out ncu.json
+    python packages/fox-kernel/benchmarks/ncu_profile.py --plot-from ncu.json --plot ncu.png   # no GPU
+
+``--plot`` draws each case's kernel time, ours beside the reference, one bar segment per kernel, labelled
+with its tensor-pipe activity (decoding: its DRAM activity).
 
 Clocks are left as the GPU runs them (``--clock-control none``).
 """
@@ -125,10 +129,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     ap.add_argument("--out", default="ncu_profile.json")
+    ap.add_argument("--plot", help="also draw the kernel times into this PNG (needs matplotlib)")
+    ap.add_argument("--plot-from", help="draw --plot from this earlier JSON instead of profiling")
     ap.add_argument("--child", choices=list(CASES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child)
+        return
+    if args.plot_from:
+        if not args.plot:
+            raise SystemExit("--plot-from needs --plot PNG")
+        with open(args.plot_from) as f:
+            plot(json.load(f), args.plot)
         return
     ncu = shutil.which("ncu")
     if ncu is None:
@@ -161,6 +173,58 @@ def main():
                   f"{s['tensor %']:8.1f} {s['MUFU %']:6.1f} {s['issue %']:7.1f} {s['occupancy %']:7.1f} {s['regs']:5.0f}  {top}")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    if args.plot:
+        plot(result, args.plot)
+
+
+def is_reference(name: str) -> bool:
+    """Whether a kernel is the reference's (cuDNN, as SDPA runs it here) rather than ours."""
+    return "cudnn" in name
+
+
+def _label(name: str) -> str:
+    """A short name of a large kernel for the plot."""
+    for part, label in (("bprop", "backward"), ("fprop", "forward"), ("dkdv", "dK/dV pass"), ("dq_kernel", "dQ pass"),
+                        ("fwd_kernel", "forward"), ("decode", "decode")):
+        if part in name:
+            return label
+    return _short(name)[:16]
+
+
+def plot(result: dict, path: str) -> None:
+    """Per case, two stacked bars (ours, the reference): one segment per kernel, the large ones labelled with
+    their tensor-pipe activity (decoding: their DRAM activity)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [c for c, v in result.items() if isinstance(v, dict) and "kernels" in v]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(10, 1.9 * len(cases) + 0.8), squeeze=False)
+    for ax, case in zip(axes[:, 0], cases):
+        kernels = result[case]["kernels"]
+        total = max(sum(k["us"] for k in kernels if is_reference(k["name"]) == ref) for ref in (False, True))
+        for y, ref in ((1, False), (0, True)):
+            left = 0.0
+            for k in (k for k in kernels if is_reference(k["name"]) == ref):
+                big = k["us"] > 0.08 * total
+                ax.barh(y, k["us"], left=left, color=("tab:gray" if ref else "tab:blue") if big else "tab:orange",
+                        edgecolor="white")
+                if big:
+                    what = f"DRAM {k['DRAM %']:.0f}%" if case.startswith("decode") else f"tensor {k['tensor %']:.0f}%"
+                    ax.text(left + k["us"] / 2, y, f"{_label(k['name'])}\n{what}", ha="center", va="center",
+                            fontsize=7, color="white")
+                left += k["us"]
+            ax.text(left, y, f" {left:,.0f} us", va="center", fontsize=8)
+        ax.set_yticks([0, 1], ["cuDNN / SDPA", "ours"])
+        ax.set_xlim(0, total * 1.15)
+        ax.set_title(f"{case}: B, T, H, Hkv, D = {tuple(result[case]['shape'].values())}", fontsize=9)
+    axes[-1, 0].set_xlabel("kernel time under Nsight Compute (us); orange: kernels under 8% of the longer bar")
+    env = result.get("env", {})
+    fig.suptitle(f"{env.get('gpu', '')}, torch {env.get('torch', '')}, triton {env.get('triton', '')}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

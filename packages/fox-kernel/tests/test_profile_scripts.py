@@ -1,0 +1,86 @@
+"""benchmarks/ncu_profile.py and benchmarks/pruning_overhead.py: what they read and compute, without a GPU.
+
+ncu_profile reads Nsight Compute's raw CSV page; pruning_overhead reports the share of key tiles a per-head
+bound keeps. Both are checked against values worked out here by hand or by a plain loop."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _module(name):
+    sys.path.insert(0, str(BENCH))  # pruning_overhead imports its neighbour bench_pruning
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+RAW = "\n".join([
+    "==PROF== Connected to process 1",
+    '"ID","Kernel Name","gpu__time_duration.sum","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",'
+    '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
+    '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio","launch__registers_per_thread"',
+    '"","","nsecond","%","ratio","ratio","register/thread"',
+    '"0","gluon_dkdv_kernel(int)","3,406,512","67.83","3.12","1.51","168"',
+    '"1","cudnn_generated_fort_native_sdpa_sm90_flash_bprop","4,545,900","64.2","1.87","2.5","168"',
+    "==PROF== Disconnected from process 1",
+])
+
+
+def test_ncu_raw_page_is_read_per_kernel():
+    ncu = _module("ncu_profile")
+    kernels = ncu._parse_raw(RAW)
+    assert [k["Kernel Name"] for k in kernels] == ["gluon_dkdv_kernel(int)", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop"]
+    first = ncu._summary(kernels[0])
+    assert first["us"] == pytest.approx(3406.512)  # ns, with thousands separators, to us
+    assert first["tensor %"] == pytest.approx(67.83) and first["regs"] == 168
+    assert math.isnan(first["DRAM %"])  # a counter the page lacks is NaN, not 0
+    assert list(first["stalls"].items()) == [("barrier", 3.12), ("wait", 1.51)]  # largest first
+    assert list(ncu._summary(kernels[1])["stalls"]) == ["wait", "barrier"]
+    assert ncu._parse_raw("==PROF== nothing profiled") == []
+    assert not ncu.is_reference(kernels[0]["Kernel Name"]) and ncu.is_reference(kernels[1]["Kernel Name"])
+
+
+def test_ncu_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    ncu = _module("ncu_profile")
+    kernels = [ncu._summary(k) for k in ncu._parse_raw(RAW)]
+    result = dict(env=dict(gpu="test"), case=dict(shape=dict(B=1, T=2, H=3, Hkv=3, D=4), kernels=kernels))
+    path = tmp_path / "ncu.png"
+    ncu.plot(result, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("shift,bound", [(7.4, -10.0), (0.0, -3.0), (1.0, -6.0)])
+def test_kept_share_counts_tile_pairs_as_a_loop_does(shift, bound):
+    overhead = _module("pruning_overhead")
+    g = torch.Generator().manual_seed(11)
+    B, T, H = 2, 320, 3
+    lf = F.logsigmoid(torch.randn(B, T, H, generator=g) + shift)
+    q = torch.zeros(B, T, H, 8)
+    threshold = torch.full((H,), bound) + torch.arange(H) * 0.5  # one bound per head
+    c = torch.cumsum(lf.double(), dim=1)
+    n, kept, total = T // 64, 0, 0
+    for b in range(B):
+        for h in range(H):
+            for i in range(n):
+                for j in range(i + 1):  # causal tile pairs
+                    total += 1
+                    largest = c[b, 64 * i, h] - c[b, 64 * j + 63, h]  # first query, last key
+                    kept += bool(largest >= threshold[h].double())
+    got = overhead.kept_share(q, q, lf, threshold)
+    assert got == pytest.approx(kept / total, abs=1e-6)  # one tile pair is 1/90 here
+    assert 0 < got <= 1
