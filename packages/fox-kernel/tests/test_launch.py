@@ -2,6 +2,10 @@
 run, gives what Triton's own launch path gives, and a new specialisation (pointer alignment, an int of 1,
 a dtype, a constexpr) goes through Triton again instead of reusing a kernel compiled for other arguments."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -124,10 +128,6 @@ def test_binder_binds_as_python_and_keys_what_triton_specialises(with_defaults):
 
 @pytest.mark.parametrize("value, cached", [("0", False), ("1", True), (None, True)])
 def test_the_environment_switch(value, cached):
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "FOX_KERNEL_CACHED_LAUNCH"}
     if value is not None:
         env["FOX_KERNEL_CACHED_LAUNCH"] = value
@@ -137,10 +137,6 @@ def test_the_environment_switch(value, cached):
 
 
 def test_a_bad_environment_switch_is_refused_naming_it():
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, FOX_KERNEL_CACHED_LAUNCH="yes")
     out = subprocess.run([sys.executable, "-c", "import fox_kernel"], env=env, capture_output=True, text=True)
     assert out.returncode != 0

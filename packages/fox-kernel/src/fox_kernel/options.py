@@ -91,13 +91,9 @@ class KernelOptions:
         env = os.environ if environ is None else environ
         values = {}
         for field in dataclasses.fields(cls):
-            raw = env.get(_ENV_NAMES[field.name])
-            if raw is None:
-                continue
-            try:
-                values[field.name] = _PARSERS[field.name](raw)
-            except ValueError:
-                raise ValueError(f"{_ENV_NAMES[field.name]} must be {_ENV_VALUES[field.name]}, got {raw!r}") from None
+            if _ENV_NAMES[field.name] in env:
+                values[field.name] = read_env(env, _ENV_NAMES[field.name], _PARSERS[field.name],
+                                              _ENV_VALUES[field.name])
         return cls(**values)
 
     def replace(self, **changes) -> KernelOptions:
@@ -115,7 +111,20 @@ class KernelOptions:
         return _from_key(key) if key else current_options()
 
 
-def _parse_bool(raw: str) -> bool:
+def read_env(env: Mapping[str, str], name: str, parse, allowed: str, default=None):
+    """``parse(env[name])``, or ``default`` where ``name`` is unset; a value ``parse`` refuses (ValueError)
+    raises ValueError naming the variable and the ``allowed`` values."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be {allowed}, got {raw!r}") from None
+
+
+def parse_bool(raw: str) -> bool:
+    """A "0" or "1" as a bool (a ValueError for anything else)."""
     if raw not in ("0", "1"):
         raise ValueError(raw)
     return raw == "1"
@@ -142,10 +151,10 @@ _ENV_NAMES = {
     "check_gates": "FOX_KERNEL_CHECK_GATES", "torch_path": "FOX_KERNEL_TORCH_PATH",
 }
 _PARSERS = {
-    "gluon": _parse_bool, "backward": _parse_choice(BACKWARD_MODES), "fixed_bound": _parse_bool,
-    "fixed_rows": lambda raw: FixedRows(int(_parse_choice(("0", "1", "2"))(raw))), "tma": _parse_bool,
+    "gluon": parse_bool, "backward": _parse_choice(BACKWARD_MODES), "fixed_bound": parse_bool,
+    "fixed_rows": lambda raw: FixedRows(int(_parse_choice(("0", "1", "2"))(raw))), "tma": parse_bool,
     "order_fwd": _parse_choice(LAUNCH_ORDERS), "order_dkdv": _parse_choice(LAUNCH_ORDERS),
-    "order_dq": _parse_choice(LAUNCH_ORDERS), "check_gates": _parse_bool, "torch_path": _parse_bool,
+    "order_dq": _parse_choice(LAUNCH_ORDERS), "check_gates": parse_bool, "torch_path": parse_bool,
 }
 _ENV_VALUES = {
     "gluon": "0 or 1", "backward": " or ".join(BACKWARD_MODES), "fixed_bound": "0 or 1", "fixed_rows": "0, 1 or 2",

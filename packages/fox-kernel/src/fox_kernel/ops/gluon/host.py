@@ -42,17 +42,16 @@ def forward(q, k, v, c, call: AttentionCall, fixed: bool):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     sm_scale, threshold = call.sm_scale, call.threshold
-    kmax2 = None
+    key_norms = None
     if call.auto_log_eps is not None:  # the fixed bound's key norms come from the same read of k
-        threshold, kmax2 = auto_threshold_and_key_norms(q, k, sm_scale, Tk, call.auto_log_eps)
+        threshold, key_norms = auto_threshold_and_key_norms(q, k, sm_scale, Tk, call.auto_log_eps)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
     ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True)
-    if not fixed:
-        kmax2 = None
-    elif kmax2 is None:
-        kmax2 = key_sq_norms(k, None)
+    if fixed and key_norms is None:
+        key_norms = key_sq_norms(k, None)
+    kmax2 = key_norms if fixed else None
     cl = local_sums(c, None, B, Tk, blocks["BLOCK_N"])
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
     # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the

@@ -9,7 +9,7 @@ import os
 import torch
 import triton
 
-from fox_kernel.options import INTERPRET, KernelOptions, _parse_bool
+from fox_kernel.options import INTERPRET, KernelOptions, parse_bool, read_env
 
 # Tile shapes per pass, from benchmarks/tune_tiles.py on an H200 (sm90, torch 2.11, triton 3.6, T=16k;
 # the forward's swept with the fixed softmax bound, six tiles per head dim, fixed-bound-h200-s6.json);
@@ -174,14 +174,6 @@ def any_length(kernel, Tq, Tk):
     return _ANY_LENGTH[kernel]
 
 
-def _cached_from_env() -> bool:
-    raw = os.environ.get("FOX_KERNEL_CACHED_LAUNCH", "1")
-    try:
-        return _parse_bool(raw)
-    except ValueError:
-        raise ValueError(f"FOX_KERNEL_CACHED_LAUNCH must be 0 or 1, got {raw!r}") from None
-
-
 # Launches without Triton's per-call work. ``kernel[grid](...)`` binds the 10-50 arguments into a dict,
 # specialises each, formats the launch options into a string for its cache key, checks the kernel's
 # globals, reads four knobs and builds launch metadata for the (empty) launch hooks before the driver
@@ -195,7 +187,7 @@ def _cached_from_env() -> bool:
 # ``CACHED`` for benchmarks), in the interpreter, while a launch hook is registered (a profiler's), and
 # for good after a launcher refuses the arguments (a Triton whose launchers take others). Values other
 # than 0 and 1 are refused at import, naming the variable.
-CACHED = _cached_from_env()
+CACHED = read_env(os.environ, "FOX_KERNEL_CACHED_LAUNCH", parse_bool, "0 or 1", default=True)
 _BINDERS: dict[int, tuple] = {}  # id(kernel) -> (kernel, bind)
 _COMPILED: dict[tuple, object] = {}
 
