@@ -111,6 +111,17 @@ def capture_graph(fn, args, mode):
     return graph
 
 
+def alternate(graphs: dict, rounds: int, rep: int) -> dict:
+    """name -> GPU milliseconds per round of each captured graph: rounds replay the graphs in a rotating
+    order, so slow drifts of the clock or of the memory land on all of them alike."""
+    names = list(graphs)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(triton.testing.do_bench(graphs[name].replay, warmup=10, rep=rep, return_mode="median"))
+    return times
+
+
 def _time_graph(fn, args, mode):
     """``_time`` of the same call replayed from a CUDA graph: the GPU time alone (what a
     ``torch.compile(mode="reduce-overhead")`` step pays)."""

@@ -56,7 +56,8 @@ def main(argv=None):
                     help="each case with cached launches and through Triton's launch path, alternating rounds")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of --launch-ab")
     ap.add_argument("--profile", action="store_true",
-                    help="also print cProfile's top functions (own time) of the autograd calls with and without pruning")
+                    help="also print cProfile's top functions (own time) of the autograd calls (zero_gates=False, without "
+                         "and with the auto bound; with a per-head bound)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead.py needs a CUDA GPU")
@@ -82,6 +83,10 @@ def main(argv=None):
 
     def fox_autograd_pruned():
         o = forgetting_attention(qg, kg, vg, lfg, adaptive_threshold="auto")
+        o.backward(o)
+
+    def fox_autograd_pruned_no_zero_gates():  # the call fox-layers' pruned layers make
+        o = forgetting_attention(qg, kg, vg, lfg, adaptive_threshold="auto", zero_gates=False)
         o.backward(o)
 
     def sdpa_autograd():
@@ -110,6 +115,7 @@ def main(argv=None):
         "forgetting_attention fwd+bwd (autograd)": fox_autograd,
         "forgetting_attention fwd+bwd, zero_gates=False (autograd)": fox_autograd_no_zero_gates,
         "forgetting_attention fwd+bwd, auto pruning (autograd)": fox_autograd_pruned,
+        "forgetting_attention fwd+bwd, auto pruning, zero_gates=False (autograd)": fox_autograd_pruned_no_zero_gates,
         "forgetting_attention fwd+bwd, per-head bound (autograd)": fox_autograd_per_head,
         "dispatch.forward (no op, no checks)": lambda: dispatch.forward(q, k, v, lf, AttentionCall(s, options=opts)),
         "dispatch.backward, pruning (no op)": lambda: dispatch.backward(do, q, k, v, lf, out, lse,
@@ -149,7 +155,9 @@ def main(argv=None):
             print(f"{r['case']:56s} {r['host_us']:12.1f}")
     profiles = {}
     if args.profile:
-        for name in ("forgetting_attention fwd+bwd (autograd)", "forgetting_attention fwd+bwd, auto pruning (autograd)"):
+        for name in ("forgetting_attention fwd+bwd, zero_gates=False (autograd)",
+                     "forgetting_attention fwd+bwd, auto pruning, zero_gates=False (autograd)",
+                     "forgetting_attention fwd+bwd, per-head bound (autograd)"):
             profiles[name] = python_profile(cases[name], args.calls)
             print(f"\n{name}: top functions by own time (us per call, cumulative us per call)")
             for row in profiles[name][:30]:

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 import triton
-from bench_pruning import GATES, _inputs, capture_graph  # this folder's: the same inputs and graph capture
+from bench_pruning import GATES, _inputs, alternate, capture_graph  # this folder's: inputs, capture, timing
 
 from fox_kernel import current_options, forgetting_attention
 from fox_kernel.ops.triton import launch
@@ -70,13 +70,7 @@ def main():
         share = kept_share(inputs[0], inputs[1], inputs[3], inputs[4])
         for mode in ("fwd", "fwd+bwd"):
             graphs = {name: capture_graph(fn, inputs, mode) for name, (fn, _) in VARIANTS.items()}
-            names = list(graphs)
-            times = {name: [] for name in names}
-            for r in range(args.rounds):
-                order = names[r % len(names):] + names[:r % len(names)]
-                for name in order:
-                    times[name].append(triton.testing.do_bench(graphs[name].replay, warmup=10, rep=args.rep,
-                                                               return_mode="median"))
+            times = alternate(graphs, args.rounds, args.rep)
             del graphs
             row = dict(B=B, T=T, H=H, D=D, mode=mode, mean_log_f=inputs[3].mean().item(),
                        per_head_bound_kept_share=share, ms={k: v for k, v in times.items()})

@@ -150,3 +150,28 @@ def test_gluon_with_pruning(backward, D, Tq):
         assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
         assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
     assert max((e.float() - lo.float()).abs().max().item() for e, lo in zip(exact, loose)) > 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_pruned_forward_past_the_online_limit(dtype):
+    """A pruned call at D=64 past GLUON_FWD_MAX_KEYS takes the Gluon forward with the fixed softmax bound
+    (bf16) and the Triton forward with the online softmax (fp16), and either way its output stays within
+    the bound's tolerance of the exact call's and of the Triton kernels' pruned output."""
+    from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS
+
+    Tk = GLUON_FWD_MAX_KEYS[64] + 904
+    inputs, _ = _inputs(1, Tk - 512, Tk, 4, 2, 64, dtype, "fast", seed=8)
+    q, k = inputs[0], inputs[1]
+    call = AttentionCall(64**-0.5, auto_log_eps=-10.0, options=KernelOptions())
+    want = dispatch.Backend.GLUON if dtype == torch.bfloat16 else dispatch.Backend.TRITON
+    assert dispatch.forward_backend(q, k, call) is want
+    with torch.no_grad():
+        exact = forgetting_attention(*inputs).float()
+        pruned = forgetting_attention(*inputs, adaptive_threshold="auto").float()
+        pruned_triton = forgetting_attention(*inputs, adaptive_threshold="auto",
+                                             options=KernelOptions(gluon=False)).float()
+        loose = forgetting_attention(*inputs, adaptive_threshold=-0.5).float()
+    scale = max(exact.abs().max().item(), 1.0)
+    assert (exact - pruned).abs().max().item() <= 3e-2 * scale
+    assert (pruned_triton - pruned).abs().max().item() <= 3e-2 * scale
+    assert (exact - loose).abs().max().item() > 0.05

@@ -80,17 +80,19 @@ def fixed_bound_softmax(dtype: torch.dtype, options: KernelOptions) -> bool:
 
 
 def forward_backend(q, k, call: AttentionCall) -> Backend:
-    """The forward's backend. With pruning, the Triton forward takes each query tile's own "auto" bound
-    (tighter than the Gluon forward's per-head one) and needs fewer launches: at D=64 it stays there past
-    GLUON_FWD_MAX_KEYS (the pruned 125M FoX (Pro) step ran 12% slower with the Gluon forward on an H100:
-    fox-train/benchmarks/forward-ab-h100-s16-125m.json), as does the online softmax (Triton's fixed bound
-    is faster on long sequences at D=64)."""
+    """The forward's backend. The Gluon forward runs at every length with the fixed softmax bound, pruned
+    or not; with the online softmax (float16, or the bound off) only up to GLUON_FWD_MAX_KEYS keys (the
+    Triton forward's fixed bound is faster on long sequences at D=64). A pruned Gluon forward takes the
+    per-head "auto" bound where the Triton forward takes each query tile's own. On an H100 at D=64 (CUDA
+    graphs, benchmarks/route-d64-pruned-h100-2026-11-28.json) the Gluon forward was level with fast and
+    medium gates and 9-11% faster with nothing to prune at T=16k, 1-3% slower in every regime at 2 x 8k;
+    one forward for pruned and exact calls keeps the cost of pruning small where nothing is pruned."""
     if not runs_triton(q) or call.options.torch_path:
         return Backend.TORCH
     if not _gluon_applies(q, call):
         return Backend.TRITON
     limit = GLUON_FWD_MAX_KEYS[q.shape[-1]]
-    any_length = fixed_bound_softmax(q.dtype, call.options) and not call.pruned
+    any_length = fixed_bound_softmax(q.dtype, call.options)
     return Backend.GLUON if any_length or limit is None or k.shape[1] <= limit else Backend.TRITON
 
 

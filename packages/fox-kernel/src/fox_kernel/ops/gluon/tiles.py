@@ -17,7 +17,7 @@ GLUON_DQ_TILES = {64: (128, 128, 2, 240, 24), 128: (128, 128, 2, 240, 24)}
 # The forward with the online softmax (float16, or KernelOptions.fixed_bound off): as the dQ pass (64-key
 # tiles or a third stage were 2-20% slower, gluon-fwd-h200-s12.json). The Triton forward's fixed softmax
 # bound made that one faster on long sequences at D=64, so there this form only takes keys up to
-# GLUON_FWD_MAX_KEYS[D] (and so do pruned calls at D=64, see dispatch.forward_backend). Measured on an H200
+# GLUON_FWD_MAX_KEYS[D] (see dispatch.forward_backend). Measured on an H200
 # (benchmarks/gluon-fwd-h200-s12.json, forward TFLOP/s, Gluon / Triton): D=64 T=4k 307 / 285, 8k GQA 348 /
 # 382, 16k 380 / 390; D=128 4k 429 / 358, 16k 518 / 487.
 GLUON_FWD_TILES = {64: (128, 128, 2, 240, 24, 2), 128: (128, 128, 2, 240, 24, 2)}
