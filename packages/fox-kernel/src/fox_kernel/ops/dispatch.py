@@ -152,13 +152,13 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
         return out.contiguous(), lse, threshold, None
     from fox_kernel.ops.triton import fwd
 
-    c, z = _prefix_sums(log_fgate, call)
     fixed = fixed_bound_softmax(q.dtype, call.options)
-    if backend is Backend.GLUON:
+    if backend is Backend.GLUON:  # its prefix sums come from one launch with the norms it reads
         from fox_kernel.ops.gluon import host
 
-        out, lse, threshold = host.forward(q, k, v, c, call, fixed)
+        out, lse, threshold, (c, z) = host.forward(q, k, v, log_fgate, call, fixed)
     else:
+        c, z = _prefix_sums(log_fgate, call)
         out, lse, threshold = fwd.forward(q, k, v, c, call, fixed)
     if z is not None:
         fwd.forward_zero_gates(q, k, v, c, z, call, out, lse)
@@ -179,12 +179,12 @@ def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None)
     if do.stride(-1) != 1:
         do = do.contiguous()
     c, z = prefix if prefix is not None else _prefix_sums(log_fgate, call)
-    delta = sums.delta(out, do)
-    if backend is Backend.GLUON:
+    if backend is Backend.GLUON:  # its row dots come from one launch with its other small inputs
         from fox_kernel.ops.gluon import host
 
-        grads = host.backward(do, q, k, v, c, lse, delta, call, one_pass)
+        grads, delta = host.backward(do, q, k, v, c, lse, out, call, one_pass)
     else:
+        delta = sums.delta(out, do)
         grads = bwd.backward(do, q, k, v, c, lse, delta, call, one_pass)
     if z is not None:
         bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, call, grads)

@@ -27,32 +27,34 @@ from fox_kernel.ops.gluon.tiles import (
     launch_grid,
 )
 from fox_kernel.ops.triton import launch
-from fox_kernel.ops.triton.norms import key_sq_norms
-from fox_kernel.ops.triton.ranges import kept_ranges, kept_ranges_pair
-from fox_kernel.ops.triton.sums import local_sums
-from fox_kernel.pruning import auto_threshold_and_key_norms
+from fox_kernel.ops.triton.prologue import backward_prologue, forward_sums, forward_tables
+from fox_kernel.pruning import bound
 
 
-def forward(q, k, v, c, call: AttentionCall, fixed: bool):
-    """(out, lse, threshold) from the prefix sums ``c``. With ``fixed`` each consumer runs its rows against
-    a fixed softmax bound where one is tight enough (``kmax2``: the largest squared key norms), else the
-    online softmax. With "auto" pruning it takes the per-head bound (one read of q and k) rather than the
-    Triton forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does.
-    The call has neither ``seq_start``, ``cu_seqlens`` nor a window (``dispatch`` sends no such call here)."""
+def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
+    """(out, lse, threshold, (c, z)): the output, log-sum-exp, the threshold (the "auto" bound per head, or
+    the call's) and the prefix sums of the gates (``dispatch._prefix_sums``'s). With ``fixed`` each consumer
+    runs its rows against a fixed softmax bound where one is tight enough (``kmax2``: the largest squared key
+    norms), else the online softmax. With "auto" pruning it takes the per-head bound rather than the Triton
+    forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does. The prefix
+    sums and the q/k norms come from one launch, the bound, the ranges and the local sums from a second
+    (``prologue``). The call has neither ``seq_start``, ``cu_seqlens`` nor a window (``dispatch`` sends no
+    such call here)."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    sm_scale, threshold = call.sm_scale, call.threshold
-    key_norms = None
-    if call.auto_log_eps is not None:  # the fixed bound's key norms come from the same read of k
-        threshold, key_norms = auto_threshold_and_key_norms(q, k, sm_scale, Tk, call.auto_log_eps)
+    sm_scale = call.sm_scale
+    auto = call.auto_log_eps is not None
+    # the "auto" bound reads q and k, the fixed softmax bound k: the fixed bound's key norms come from the
+    # same read of k as the pruning bound's
+    c, z, x_norms, y_norms = forward_sums(log_fgate, call.zero_gates, *((q, k) if auto else (k,) if fixed else ()))
+    qn2, kn2 = (x_norms, y_norms) if auto else (None, x_norms)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
-    ranges = kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True)
-    if fixed and key_norms is None:
-        key_norms = key_sq_norms(k, None)
-    kmax2 = key_norms if fixed else None
-    cl = local_sums(c, None, B, Tk, blocks["BLOCK_N"])
+    threshold, ranges, cl = forward_tables(c, call.threshold, qn2, kn2, sm_scale,
+                                           bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq,
+                                           blocks["BLOCK_N"], blocks)
+    kmax2 = kn2 if fixed else None
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
     # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the
     # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
@@ -67,13 +69,15 @@ def forward(q, k, v, c, call: AttentionCall, fixed: bool):
         HEADS_FIRST=hf,
         num_warps=4,
     )
-    return out, lse, threshold
+    return out, lse, threshold, (c, z)
 
 
-def backward(do, q, k, v, c, lse, delta, call: AttentionCall, one_pass: bool):
-    """(dq, dk, dv, dc, dc_row), as the Triton backward's: the dK/dV pass writes every key's column term
-    ``dc``; the dQ pass (or, ``one_pass``, the dK/dV pass) writes dQ and the row term ``dc_row``. ``call``:
-    the backward's (its threshold the forward's)."""
+def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
+    """((dq, dk, dv, dc, dc_row), delta), as the Triton backward's: the dK/dV pass writes every key's column
+    term ``dc``; the dQ pass (or, ``one_pass``, the dK/dV pass) writes dQ and the row term ``dc_row``.
+    ``call``: the backward's (its threshold the forward's). The row dots ``delta``, both passes' local sums
+    and kept ranges come from one launch (``prologue.backward_prologue``); the key and value descriptors
+    serve both passes where their tiles agree."""
     B, Tq, H, D = q.shape
     sm_scale, threshold = call.sm_scale, call.threshold
     Tk = k.shape[1]
@@ -85,26 +89,29 @@ def backward(do, q, k, v, c, lse, delta, call: AttentionCall, one_pass: bool):
     # query tiles of the dK/dV pass start at Tk - Tq + multiples of BLOCK_M
     blocks = gluon_blocks(D)
     dq_blocks = None if one_pass else gluon_blocks(D, "dq")
-    clq = local_sums(c, None, B, Tk, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"])
-    # both passes' pruned ranges from one launch
-    ranges, dq_ranges = kept_ranges_pair(c, None, None, threshold, B, H, Tq, Tk, Tk, blocks, dq_blocks)
-    _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges, dq if one_pass else None,
+    delta, clq, cl, ranges, dq_ranges = backward_prologue(
+        out, do, c, threshold, Tk, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"],
+        None if one_pass else dq_blocks["BLOCK_N"], blocks, dq_blocks)
+    kv = (_descriptor(k, blocks["BLOCK_N"]), _descriptor(v, blocks["BLOCK_N"]))
+    _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges, dq if one_pass else None,
           dc_row if one_pass else None)
     if not one_pass:
-        cl = local_sums(c, None, B, Tk, dq_blocks["BLOCK_N"])
-        _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, dq_ranges)
-    return dq, dk, dv, dc, dc_row
+        if dq_blocks["BLOCK_N"] != blocks["BLOCK_N"]:
+            kv = (_descriptor(k, dq_blocks["BLOCK_N"]), _descriptor(v, dq_blocks["BLOCK_N"]))
+        _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, dq_ranges)
+    return (dq, dk, dv, dc, dc_row), delta
 
 
-def _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
-    """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``clq``: the local sums
+def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
+    """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``kv``: the key and value
+    descriptors in tiles of the pass's BLOCK_N rows. ``clq``: the local sums
     of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see sums.local_sums); ``ranges``:
     with pruning, the end of the kept queries of each (row, head, key block).
 
     The one-pass backward: given ``dq`` and ``dc_row`` (float32 (B, H, Tq)), also writes dQ and the row
     term of dc into them (the dQ pass's outputs, see _dq)."""
     B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
+    Tk, Hkv = dk.shape[1], dk.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_TILES[D]
     # with GQA one program runs a whole group of heads, so there are few and long ones: launching every
     # head's heaviest key blocks first shortens the tail (D=64, 8k, 32/8 heads: backward -4 to -5%; at MHA
@@ -121,7 +128,7 @@ def _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq
         dq_desc = _descriptor(dq_acc, block_m)
         rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
     launch.run(gluon_dkdv_kernel, grid,
-        q_desc, _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        q_desc, _descriptor(do, block_m), *kv,
         c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
@@ -135,8 +142,9 @@ def _dkdv(q, k, v, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq
         torch.sum(row_sums[:, :Tq].view(B, H, 4, Tq), dim=2, out=dc_row)
 
 
-def _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
-    """dQ and the row term of dc (written into ``dq``, ``dc_row``). ``cl``: the local sums of ``c`` over
+def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
+    """dQ and the row term of dc (written into ``dq``, ``dc_row``). ``kv``: the key and value descriptors in
+    tiles of the pass's BLOCK_N rows. ``cl``: the local sums of ``c`` over
     key tiles of ``gluon_blocks(D, "dq")["BLOCK_N"]`` rows; ``ranges``: with pruning, the first kept key
     of each (row, head, query block)."""
     B, Tq, H, D = q.shape
@@ -144,7 +152,7 @@ def _dq(q, k, v, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
     grid = (triton.cdiv(Tq, block_m), B * H)
     launch.run(gluon_dq_kernel, grid,
-        _descriptor(q, block_m), _descriptor(do, block_m), _descriptor(k, block_n), _descriptor(v, block_n),
+        _descriptor(q, block_m), _descriptor(do, block_m), *kv,
         c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
         dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Tq, Tk, sm_scale, sm_scale * LOG2E.value,

@@ -131,30 +131,21 @@ def last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.con
 
 
 @triton.jit
-def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_strides, H, Tq, Tk, WINDOW, N_KEYS, N_QUERIES,
-                       KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr, QUERY_N: tl.constexpr,
-                       IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr,
-                       HAS_WINDOW: tl.constexpr, BLOCKS_FIRST: tl.constexpr):
-    """Pruned ranges for the backward passes (and the Gluon forward), one int per (row, head, block), found
-    once up front so the kernels only load them (searching inside them cost registers and time).
-
-    One program per (row, head) and block, the blocks on the grid's second axis (the first with
-    BLOCKS_FIRST). Blocks [0, N_KEYS): the end of the kept queries of each key block (dK/dV, tiles
-    KEY_M x KEY_N) into OUT_KEYS; blocks [N_KEYS, N_KEYS + N_QUERIES): the first kept key of each query
-    block (dQ, tiles QUERY_M x QUERY_N) into OUT_QUERIES. One launch fills both tables."""
-    stride_cb, stride_ch = c_strides
-    if BLOCKS_FIRST:
-        pid = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-    else:
-        pid_bh = tl.program_id(0)
-        pid = tl.program_id(1)
+def kept_range_block(C, SEQ_START, CU, delta, OUT_KEYS, OUT_QUERIES, stride_cb, stride_ch, pid, pid_bh, H, Tq, Tk,
+                     WINDOW, N_KEYS, N_QUERIES, KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr,
+                     QUERY_N: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr,
+                     SCAN: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Pruned range of block ``pid`` of (row, head) ``pid_bh``, one int per (row, head, block), found once up
+    front for the backward passes (and the Gluon forward) so the kernels only load them (searching inside
+    them cost registers and time). Blocks [0, N_KEYS): the end of the kept queries of each key block
+    (dK/dV, tiles KEY_M x KEY_N) into OUT_KEYS; blocks [N_KEYS, N_KEYS + N_QUERIES): the first kept key of
+    each query block (dQ, tiles QUERY_M x QUERY_N) into OUT_QUERIES. ``delta``: the (row, head)'s
+    threshold."""
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t_q, t_k, s0 = sequence_bounds(CU, SEQ_START, b, Tq, Tk, IS_VARLEN, HAS_SEQ_START)
     shift = t_k - t_q
     c_ptr = C + row * stride_cb + h * stride_ch + bos
-    delta = tl.load(THRESH + b * H + h)
     if pid < N_KEYS:
         if pid * KEY_N < t_k:
             m_lo, m_mid, m_hi = query_range(pid, shift, s0, t_q, WINDOW, KEY_M, KEY_N, HAS_WINDOW)
@@ -170,6 +161,41 @@ def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_stride
                      first_kept_key_block(c_ptr, tl.load(c_ptr + first), delta, lo, mid, QUERY_N, SCAN))
 
 
+@triton.jit
+def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_strides, H, Tq, Tk, WINDOW, N_KEYS, N_QUERIES,
+                       KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr, QUERY_N: tl.constexpr,
+                       IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr, SCAN: tl.constexpr,
+                       HAS_WINDOW: tl.constexpr, BLOCKS_FIRST: tl.constexpr):
+    """``kept_range_block`` per program: one per (row, head) and block, the blocks on the grid's second axis
+    (the first with BLOCKS_FIRST). One launch fills both tables."""
+    stride_cb, stride_ch = c_strides
+    if BLOCKS_FIRST:
+        pid = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+    else:
+        pid_bh = tl.program_id(0)
+        pid = tl.program_id(1)
+    kept_range_block(C, SEQ_START, CU, tl.load(THRESH + pid_bh), OUT_KEYS, OUT_QUERIES, stride_cb, stride_ch, pid,
+                     pid_bh, H, Tq, Tk,
+                     WINDOW, N_KEYS, N_QUERIES, KEY_M, KEY_N, QUERY_M, QUERY_N, IS_VARLEN, HAS_SEQ_START, SCAN,
+                     HAS_WINDOW)
+
+
+def range_tables(device, programs: int, t_max: int, key_blocks, query_blocks):
+    """The uninitialised (key blocks' table, query blocks' table) of ``kept_ranges_pair``: (programs, blocks)
+    int32 each, None where its tiles are None or it has no block."""
+    n_keys = 0 if key_blocks is None else triton.cdiv(t_max, key_blocks["BLOCK_N"])
+    n_queries = 0 if query_blocks is None else triton.cdiv(t_max, query_blocks["BLOCK_M"])
+    keys = torch.empty(programs, n_keys, dtype=torch.int32, device=device) if n_keys else None
+    queries = torch.empty(programs, n_queries, dtype=torch.int32, device=device) if n_queries else None
+    return keys, queries
+
+
+def table_columns(table) -> int:
+    """Blocks per (row, head) of a ``range_tables`` table (0 for None)."""
+    return 0 if table is None else table.shape[1]
+
+
 def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, key_blocks, query_blocks, window=0,
                      blocks_first=None):
     """(end of the kept queries of each key block with tiles ``key_blocks``, first kept key of each query
@@ -179,10 +205,8 @@ def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_m
     sequences times heads keep the first axis)."""
     if threshold is None:
         return None, None
-    n_keys = 0 if key_blocks is None else triton.cdiv(t_max, key_blocks["BLOCK_N"])
-    n_queries = 0 if query_blocks is None else triton.cdiv(t_max, query_blocks["BLOCK_M"])
-    keys = torch.empty(n_rows * H, n_keys, dtype=torch.int32, device=c.device) if n_keys else None
-    queries = torch.empty(n_rows * H, n_queries, dtype=torch.int32, device=c.device) if n_queries else None
+    keys, queries = range_tables(c.device, n_rows * H, t_max, key_blocks, query_blocks)
+    n_keys, n_queries = table_columns(keys), table_columns(queries)
     kb, qb = key_blocks or query_blocks, query_blocks or key_blocks
     if blocks_first is None:
         blocks_first = n_keys + n_queries > 65535

@@ -19,14 +19,12 @@ def _later(a, b):
 
 
 @triton.jit
-def _prefix_sums_kernel(LF, SEQ_START, C, Z, lf_strides, H, T, HAS_SEQ_START: tl.constexpr, ZEROS: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    """c (B, H, T) float64 = cumsum of log f (B, T, H) over T, zero before ``seq_start``: one program per
-    (row, head) scans T in BLOCK-long chunks, carrying the float64 running sum. With ZEROS a gate of
-    exactly 0 (log -inf) adds 0 to ``c`` and Z (B, H, T) int32 receives, per position, the last position
-    at or before it holding such a gate (0 if none): the first key that position's query may see."""
-    stride_lb, stride_lt, stride_lh = lf_strides
-    pid = tl.program_id(0)
+def prefix_sums_row(LF, SEQ_START, C, Z, stride_lb, stride_lt, stride_lh, pid, H, T, HAS_SEQ_START: tl.constexpr,
+                    ZEROS: tl.constexpr, BLOCK: tl.constexpr):
+    """c (B, H, T) float64 = cumsum of log f (B, T, H) over T, zero before ``seq_start``, of (row, head)
+    ``pid``: T scanned in BLOCK-long chunks, carrying the float64 running sum. With ZEROS a gate of exactly 0
+    (log -inf) adds 0 to ``c`` and Z (B, H, T) int32 receives, per position, the last position at or before
+    it holding such a gate (0 if none): the first key that position's query may see."""
     b = pid // H
     h = pid % H
     src = LF + b.to(tl.int64) * stride_lb + h * stride_lh
@@ -45,6 +43,15 @@ def _prefix_sums_kernel(LF, SEQ_START, C, Z, lf_strides, H, T, HAS_SEQ_START: tl
             last_zero = tl.max(seen, 0)
         tl.store(dst + t, tl.cumsum(x, 0) + running, mask=t < T)
         running += tl.sum(x, 0)
+
+
+@triton.jit
+def _prefix_sums_kernel(LF, SEQ_START, C, Z, lf_strides, H, T, HAS_SEQ_START: tl.constexpr, ZEROS: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    """``prefix_sums_row`` per program, one per (row, head)."""
+    stride_lb, stride_lt, stride_lh = lf_strides
+    prefix_sums_row(LF, SEQ_START, C, Z, stride_lb, stride_lt, stride_lh, tl.program_id(0), H, T, HAS_SEQ_START,
+                    ZEROS, BLOCK)
 
 
 @triton.jit
@@ -74,7 +81,8 @@ def _gate_grad_kernel(DC, DC_ROW, SEQ_START, OUT, out_strides, H, Tq, Tk, HAS_SE
         running += tl.sum(x, 0)
 
 
-def _scan_block(T: int) -> int:
+def scan_block(T: int) -> int:
+    """Positions per chunk of the prefix and suffix sums' scans."""
     return 16 if launch.INTERPRET else min(2048, max(16, triton.next_power_of_2(T)))
 
 
@@ -88,7 +96,7 @@ def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: 
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
     if B * H and T:
         launch.run(_prefix_sums_kernel, (B * H,), log_fgate, seq_start, c, z, launch.strides(log_fgate), H, T,
-                   HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=_scan_block(T),
+                   HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=scan_block(T),
                    num_warps=4)
     return (c, z) if zeros else c
 
@@ -101,7 +109,7 @@ def suffix_sums(dc: torch.Tensor, dc_row: torch.Tensor, seq_start: torch.Tensor 
     out = torch.empty(B, Tk, H, dtype=torch.float32, device=dc.device)
     if B * H and Tk:
         launch.run(_gate_grad_kernel, (B * H,), dc, dc_row, seq_start, out, launch.strides(out), H, Tq, Tk,
-                   HAS_SEQ_START=seq_start is not None, BLOCK=_scan_block(Tk), num_warps=4)
+                   HAS_SEQ_START=seq_start is not None, BLOCK=scan_block(Tk), num_warps=4)
     return out
 
 
@@ -117,24 +125,36 @@ def gate_grad(dc, dc_row, seq_start, cu_seqlens):
 
 
 @triton.jit
-def _local_sums_kernel(C, CU, OUT, c_strides, H, T, origin, IS_VARLEN: tl.constexpr, SEG: tl.constexpr):
-    """``(c_p - c_a) * log2(e)`` in float32, ``a`` the start of ``p``'s segment: segments (a pass's
-    tiles) start at ``origin + k * SEG`` of each sequence (positions before ``origin`` take position 0)."""
-    stride_cb, stride_ch = c_strides
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+def local_sums_segment(C, CU, OUT, stride_cb, stride_ch, pid_s, pid_bh, H, T, origin, IS_VARLEN: tl.constexpr,
+                       SEG: tl.constexpr):
+    """``(c_p - c_a) * log2(e)`` in float32 for segment ``pid_s`` of (row, head) ``pid_bh``, ``a`` the start
+    of ``p``'s segment: segments (a pass's tiles) start at ``origin + k * SEG`` of each sequence (positions
+    before ``origin`` take position 0, in segment 0)."""
     b = pid_bh // H
     h = pid_bh % H
     row, bos, t, _, _ = sequence_bounds(CU, None, b, T, T, IS_VARLEN, False)
     start = origin + (pid_s - 1) * SEG
-    if start >= t:
-        return
-    pos = start + tl.arange(0, SEG)
-    mask = (pos >= 0) & (pos < t)
-    base = row * stride_cb + h * stride_ch + bos
-    a = tl.load(C + base + tl.maximum(start, 0))
-    x = tl.load(C + base + pos, mask=mask, other=0.0)
-    tl.store(OUT + base + pos, ((x - a) * LOG2E).to(tl.float32), mask=mask)
+    if start < t:
+        pos = start + tl.arange(0, SEG)
+        mask = (pos >= 0) & (pos < t)
+        base = row * stride_cb + h * stride_ch + bos
+        a = tl.load(C + base + tl.maximum(start, 0))
+        x = tl.load(C + base + pos, mask=mask, other=0.0)
+        tl.store(OUT + base + pos, ((x - a) * LOG2E).to(tl.float32), mask=mask)
+
+
+@triton.jit
+def _local_sums_kernel(C, CU, OUT, c_strides, H, T, origin, IS_VARLEN: tl.constexpr, SEG: tl.constexpr):
+    """``local_sums_segment`` per program: segments on grid axis 0, (row, head) on axis 1."""
+    stride_cb, stride_ch = c_strides
+    local_sums_segment(C, CU, OUT, stride_cb, stride_ch, tl.program_id(0), tl.program_id(1), H, T, origin,
+                       IS_VARLEN, SEG)
+
+
+def local_sums_grid(t: int, seg: int, origin: int = 0) -> int:
+    """Programs per (row, head) of ``local_sums`` over ``t`` positions: segment 0 holds those before
+    ``origin``."""
+    return triton.cdiv(max(t - origin, 0), seg) + 1
 
 
 def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
@@ -144,19 +164,17 @@ def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
     out = torch.empty_like(c, dtype=torch.float32)  # same strides: the kernels index both alike
     H = c.shape[1]
     t = c.shape[-1] if cu_seqlens is None else t_max  # keys of the longest sequence
-    grid = (triton.cdiv(max(t - origin, 0), seg) + 1, n_rows * H)
+    grid = (local_sums_grid(t, seg, origin), n_rows * H)
     launch.run(_local_sums_kernel, grid, c, cu_seqlens, out, launch.strides(c, 2), H, c.shape[-1], origin,
                IS_VARLEN=cu_seqlens is not None, SEG=seg, num_warps=4)
     return out
 
 
 @triton.jit
-def _delta_kernel(O, DO, DELTA, o_strides, do_strides, H, T, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """delta_i = sum_d o_id * do_id (float32), written as (B, H, T)."""
-    stride_ob, stride_ot, stride_oh = o_strides
-    stride_db, stride_dt, stride_dh = do_strides
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+def delta_rows(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh, pid_m, pid_bh, H, T, D,
+               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta_i = sum_d o_id * do_id (float32) of rows [pid_m * BLOCK_M, +BLOCK_M) of (row, head) ``pid_bh``,
+    written as (B, H, T)."""
     b = pid_bh // H
     h = pid_bh % H
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -169,10 +187,23 @@ def _delta_kernel(O, DO, DELTA, o_strides, do_strides, H, T, D, BLOCK_M: tl.cons
     tl.store(DELTA + pid_bh.to(tl.int64) * T + offs_m, delta, mask=offs_m < T)
 
 
+@triton.jit
+def _delta_kernel(O, DO, DELTA, o_strides, do_strides, H, T, D, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``delta_rows`` per program: row blocks on grid axis 0, (row, head) on axis 1."""
+    stride_ob, stride_ot, stride_oh = o_strides
+    stride_db, stride_dt, stride_dh = do_strides
+    delta_rows(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh, tl.program_id(0),
+               tl.program_id(1), H, T, D, BLOCK_M, BLOCK_D)
+
+
+DELTA_ROWS = 64
+"""Rows of ``delta`` per program."""
+
+
 def delta(out: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """(B, H, Tq) float32: delta_i = sum_d o_id * do_id, the softmax backward's row term."""
     B, Tq, H, D = out.shape
     result = torch.empty(B, H, Tq, dtype=torch.float32, device=out.device)
-    launch.run(_delta_kernel, (triton.cdiv(Tq, 64), B * H), out, do, result, launch.strides(out), launch.strides(do),
-               H, Tq, D, BLOCK_M=64, BLOCK_D=launch.block_d(D))
+    launch.run(_delta_kernel, (triton.cdiv(Tq, DELTA_ROWS), B * H), out, do, result, launch.strides(out),
+               launch.strides(do), H, Tq, D, BLOCK_M=DELTA_ROWS, BLOCK_D=launch.block_d(D))
     return result

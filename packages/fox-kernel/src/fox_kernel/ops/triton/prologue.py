@@ -1,0 +1,219 @@
+"""The Gluon kernels' small inputs from few launches: the forward's prefix sums and q/k norms from one, its
+"auto" bound, local sums and kept ranges from a second; the backward's row dots ``delta``, the tile-local
+sums of the dK/dV and the dQ pass and both passes' kept ranges from one.
+
+Separately these are up to nine launches (``sums.prefix_sums``, ``norms.max_sq_row_norms``,
+``pruning.auto_threshold``, ``ranges.kept_ranges``, ``sums.local_sums``; ``sums.delta``,
+``sums.local_sums`` twice, ``ranges.kept_ranges_pair``), each a few microseconds of GPU time and ~20-30 us
+of host time, which a small model's training step at long context waits on. Here one grid holds several
+parts: each part's programs come one after another along grid axis 0 and run the same code as that part's
+own kernel (``sums.prefix_sums_row``, ``norms.max_sq_norm_block``, ``sums.local_sums_segment``,
+``ranges.kept_range_block``, ``sums.delta_rows``), so the outputs are the same bit for bit. Fixed-length
+batches without ``seq_start`` or a window (the calls the Gluon kernels run).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fox_kernel.ops.triton import launch
+from fox_kernel.ops.triton.norms import NORM_ROWS, max_sq_norm_block, norm_outputs
+from fox_kernel.ops.triton.ranges import kept_range_block, range_tables, table_columns
+from fox_kernel.ops.triton.sums import (
+    DELTA_ROWS,
+    delta_rows,
+    local_sums_grid,
+    local_sums_segment,
+    prefix_sums_row,
+    scan_block,
+)
+
+
+def _grid(blocks: int, programs: int):
+    """(grid, BLOCKS_FIRST) of ``blocks`` blocks for each of ``programs`` (row, head) pairs: the larger count
+    on grid axis 0 (up to 2^31 - 1 programs), the other on axis 1 (up to 65,535)."""
+    if max(min(blocks, programs), 1) > 65535:
+        raise ValueError(f"{programs} (row, head) pairs of {blocks} blocks each pass the launch grid's limits")
+    return ((blocks, programs), True) if blocks >= programs else ((programs, blocks), False)
+
+
+@triton.jit
+def _block_and_row(BLOCKS_FIRST: tl.constexpr):
+    """(block, (row, head)) of this program in a ``_grid`` grid."""
+    if BLOCKS_FIRST:
+        return tl.program_id(0), tl.program_id(1)
+    return tl.program_id(1), tl.program_id(0)
+
+
+@triton.jit
+def _backward_prologue_kernel(O, DO, DELTA, C, CLQ, CL, THRESH, KEYS, QUERIES, o_strides, do_strides, c_strides,
+                              H, Tq, Tk, D, clq_origin, N_DELTA, N_CLQ, N_CL, N_KEYS, N_QUERIES,
+                              BLOCK_D: tl.constexpr, DELTA_M: tl.constexpr, CLQ_SEG: tl.constexpr,
+                              CL_SEG: tl.constexpr, HAS_CL: tl.constexpr, HAS_RANGES: tl.constexpr,
+                              KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr,
+                              QUERY_N: tl.constexpr, SCAN: tl.constexpr, BLOCKS_FIRST: tl.constexpr):
+    """Blocks [0, N_DELTA): delta; then N_CLQ segments of CLQ (CLQ_SEG long from ``clq_origin``); with HAS_CL
+    N_CL segments of CL (CL_SEG long from 0); with HAS_RANGES the N_KEYS + N_QUERIES blocks of the kept
+    ranges (see ``_grid``)."""
+    stride_ob, stride_ot, stride_oh = o_strides
+    stride_db, stride_dt, stride_dh = do_strides
+    stride_cb, stride_ch = c_strides
+    pid, pid_bh = _block_and_row(BLOCKS_FIRST)
+    if pid < N_DELTA:
+        delta_rows(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh, pid, pid_bh, H, Tq,
+                   D, DELTA_M, BLOCK_D)
+    elif pid < N_DELTA + N_CLQ:
+        local_sums_segment(C, None, CLQ, stride_cb, stride_ch, pid - N_DELTA, pid_bh, H, Tk, clq_origin, False,
+                           CLQ_SEG)
+    elif pid < N_DELTA + N_CLQ + N_CL:
+        if HAS_CL:
+            local_sums_segment(C, None, CL, stride_cb, stride_ch, pid - N_DELTA - N_CLQ, pid_bh, H, Tk, 0, False,
+                               CL_SEG)
+    else:
+        if HAS_RANGES:
+            kept_range_block(C, None, None, tl.load(THRESH + pid_bh), KEYS, QUERIES, stride_cb, stride_ch,
+                             pid - N_DELTA - N_CLQ - N_CL, pid_bh, H, Tq, Tk, 0, N_KEYS, N_QUERIES, KEY_M, KEY_N,
+                             QUERY_M, QUERY_N, False, False, SCAN, False)
+
+
+def backward_prologue(out, do, c, threshold, Tk: int, clq_seg: int, clq_origin: int, cl_seg: int | None,
+                      key_blocks: dict, query_blocks: dict | None):
+    """(delta (B, H, Tq), clq, cl, key blocks' ranges, query blocks' ranges), as
+
+        sums.delta(out, do), sums.local_sums(c, None, B, Tk, clq_seg, clq_origin),
+        sums.local_sums(c, None, B, Tk, cl_seg), ranges.kept_ranges_pair(c, None, None, threshold, B, H, Tq,
+        Tk, Tk, key_blocks, query_blocks)
+
+    give them, from one launch. ``cl_seg`` None: no ``cl`` (None); ``query_blocks`` None: no query table;
+    ``threshold`` None: no tables. ``out`` and ``do`` (B, Tq, H, D); ``c`` (B, H, Tk) float64."""
+    B, Tq, H, D = out.shape
+    row_dots = torch.empty(B, H, Tq, dtype=torch.float32, device=out.device)
+    clq = torch.empty_like(c, dtype=torch.float32)  # same strides as c: the kernels index both alike
+    cl = None if cl_seg is None else torch.empty_like(c, dtype=torch.float32)
+    keys, queries = (None, None) if threshold is None else range_tables(c.device, B * H, Tk, key_blocks, query_blocks)
+    n_delta = triton.cdiv(Tq, DELTA_ROWS)
+    n_clq = local_sums_grid(Tk, clq_seg, clq_origin)
+    n_cl = 0 if cl_seg is None else local_sums_grid(Tk, cl_seg)
+    n_keys, n_queries = table_columns(keys), table_columns(queries)
+    qb = query_blocks or key_blocks
+    grid, blocks_first = _grid(n_delta + n_clq + n_cl + n_keys + n_queries, B * H)
+    if B * H:
+        launch.run(_backward_prologue_kernel, grid,
+            out, do, row_dots, c, clq, cl, threshold, keys if keys is not None else queries,
+            queries if queries is not None else keys, launch.strides(out), launch.strides(do), launch.strides(c, 2),
+            H, Tq, Tk, D, clq_origin, n_delta, n_clq, n_cl, n_keys, n_queries,
+            BLOCK_D=launch.block_d(D), DELTA_M=DELTA_ROWS, CLQ_SEG=clq_seg, CL_SEG=cl_seg or 1, HAS_CL=cl is not None,
+            HAS_RANGES=keys is not None or queries is not None, KEY_M=key_blocks["BLOCK_M"],
+            KEY_N=key_blocks["BLOCK_N"], QUERY_M=qb["BLOCK_M"], QUERY_N=qb["BLOCK_N"], SCAN=launch.scan(),
+            BLOCKS_FIRST=blocks_first, num_warps=4,
+        )
+    return row_dots, clq, cl, keys, queries
+
+
+@triton.jit
+def _forward_sums_kernel(LF, C, Z, X, Y, OUT_X, OUT_Y, lf_strides, x_strides, y_strides, H, T, HX, HY, TX, TY, D,
+                         N_SUMS, ZEROS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORMS: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Programs [0, N_SUMS): the prefix sums of one (row, head) each; with HAS_NORMS the rest: the largest
+    squared row norms of X and Y, one (row, head) x BLOCK_T rows each (heads fastest)."""
+    stride_lb, stride_lt, stride_lh = lf_strides
+    pid = tl.program_id(0)
+    if pid < N_SUMS:
+        prefix_sums_row(LF, None, C, Z, stride_lb, stride_lt, stride_lh, pid, H, T, False, ZEROS, BLOCK)
+    else:
+        if HAS_NORMS:
+            sxb, sxt, sxh = x_strides
+            syb, syt, syh = y_strides
+            r = pid - N_SUMS
+            n_bh = (N_SUMS // H) * (HX + HY)
+            max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, r % n_bh, r // n_bh, HX, HY, TX, TY, D,
+                              BLOCK_T, BLOCK_D, False)
+
+
+def forward_sums(log_fgate, zeros: bool, x=None, y=None):
+    """(c, z, x's norms, y's norms), as ``sums.prefix_sums(log_fgate, None, zeros)`` (z None without
+    ``zeros``) and ``norms.max_sq_row_norms(x, y)`` give them (x's alone without y, y's None; both None
+    without x), from one launch. x (B, Tx, Hx, D), y (B, Ty, Hy, D) with log_fgate's batch."""
+    B, T, H = log_fgate.shape
+    c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
+    z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
+    nx, ny = norm_outputs(x, y) if x is not None else (None, None)
+    y_ = y if y is not None else x
+    # (row, head) pairs of x and y times the row blocks of the longer, as max_sq_row_norms's grid
+    n_norms = B * (_dim(x, 2) + _dim(y, 2)) * triton.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
+    if B * H and T:
+        launch.run(_forward_sums_kernel, (B * H + n_norms,),
+            log_fgate, c, z, x, y_, nx, ny, launch.strides(log_fgate), _strides(x), _strides(y_), H, T,
+            _dim(x, 2), _dim(y, 2), _dim(x, 1), _dim(y, 1), _dim(x, 3), B * H,
+            ZEROS=zeros, BLOCK=scan_block(T), HAS_NORMS=x is not None, BLOCK_T=NORM_ROWS,
+            BLOCK_D=launch.block_d(_dim(x, 3)), num_warps=4,
+        )
+    return c, z, nx, ny if y is not None else None
+
+
+def _strides(x):
+    return (0, 0, 0) if x is None else launch.strides(x)
+
+
+def _dim(x, i: int) -> int:
+    return 0 if x is None else x.shape[i]
+
+
+@triton.jit
+def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, RANGES, c_strides, H, GROUP, Tq, Tk, sm_scale, offset, N_CL,
+                           N_QUERIES, CL_SEG: tl.constexpr, HAS_RANGES: tl.constexpr, AUTO: tl.constexpr,
+                           QUERY_M: tl.constexpr, QUERY_N: tl.constexpr, SCAN: tl.constexpr,
+                           BLOCKS_FIRST: tl.constexpr):
+    """Blocks [0, N_CL): segments of CL (CL_SEG long); with HAS_RANGES the N_QUERIES blocks of the kept
+    ranges of the query blocks, their threshold read from THRESH or, with AUTO, the "auto" bound
+    ``-2 |s| sqrt(QN2 KN2) + offset`` (as ``pruning.auto_threshold``) written there by each (row, head)'s first
+    range block."""
+    stride_cb, stride_ch = c_strides
+    pid, pid_bh = _block_and_row(BLOCKS_FIRST)
+    if pid < N_CL:
+        local_sums_segment(C, None, CL, stride_cb, stride_ch, pid, pid_bh, H, Tk, 0, False, CL_SEG)
+    else:
+        if HAS_RANGES:
+            if AUTO:
+                b = pid_bh // H
+                h = pid_bh % H
+                kn2 = tl.load(KN2 + b * (H // GROUP) + h // GROUP)
+                delta = -2.0 * tl.sqrt(tl.load(QN2 + pid_bh) * kn2) * tl.abs(sm_scale) + offset
+                if pid == N_CL:
+                    tl.store(THRESH + pid_bh, delta)
+            else:
+                delta = tl.load(THRESH + pid_bh)
+            kept_range_block(C, None, None, delta, RANGES, RANGES, stride_cb, stride_ch, pid - N_CL, pid_bh, H, Tq, Tk,
+                             0, 0, N_QUERIES, QUERY_M, QUERY_N, QUERY_M, QUERY_N, False, False, SCAN, False)
+
+
+def forward_tables(c, threshold, qn2, kn2, sm_scale: float, auto_offset: float | None, Tq: int, cl_seg: int,
+                   blocks: dict | None):
+    """(threshold, the first kept key of each query block, cl), as the Gluon forward's
+
+        pruning.auto_threshold's bound from the squared norms (given ``auto_offset``, ln eps - ln Tk),
+        ranges.kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True),
+        sums.local_sums(c, None, B, Tk, cl_seg)
+
+    give them, from one launch. ``qn2`` (B, H), ``kn2`` (B, Hkv): the largest squared q and k norms (with
+    ``auto_offset``); ``threshold`` (B, H) otherwise, or None (no ranges); ``blocks`` the forward's tiles.
+    ``c`` (B, H, Tk) float64."""
+    B, H, Tk = c.shape
+    auto = auto_offset is not None
+    if auto:
+        threshold = torch.empty(B, H, dtype=torch.float32, device=c.device)
+    cl = torch.empty_like(c, dtype=torch.float32)  # same strides as c: the kernels index both alike
+    ranges = None if threshold is None else range_tables(c.device, B * H, Tq, None, blocks)[1]
+    n_cl = local_sums_grid(Tk, cl_seg)
+    n_queries = table_columns(ranges)
+    grid, blocks_first = _grid(n_cl + n_queries, B * H)
+    if B * H:
+        launch.run(_forward_tables_kernel, grid,
+            c, cl, threshold, qn2, kn2, ranges, launch.strides(c, 2), H, H // kn2.shape[1] if auto else 1, Tq, Tk,
+            float(sm_scale), float(auto_offset or 0.0), n_cl, n_queries, CL_SEG=cl_seg, HAS_RANGES=ranges is not None,
+            AUTO=auto, QUERY_M=blocks["BLOCK_M"] if blocks else 1, QUERY_N=blocks["BLOCK_N"] if blocks else 1,
+            SCAN=launch.scan(), BLOCKS_FIRST=blocks_first, num_warps=4,
+        )
+    return threshold, ranges, cl
