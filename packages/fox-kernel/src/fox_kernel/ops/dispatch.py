@@ -84,9 +84,10 @@ def forward_backend(q, k, call: AttentionCall) -> Backend:
     or not; with the online softmax (float16, or the bound off) only up to GLUON_FWD_MAX_KEYS keys (the
     Triton forward's fixed bound is faster on long sequences at D=64). A pruned Gluon forward takes the
     per-head "auto" bound where the Triton forward takes each query tile's own. On an H100 at D=64 (CUDA
-    graphs, benchmarks/route-d64-pruned-h100-2026-11-28.json) the Gluon forward was level with fast and
-    medium gates and 9-11% faster with nothing to prune at T=16k, 1-3% slower in every regime at 2 x 8k;
-    one forward for pruned and exact calls keeps the cost of pruning small where nothing is pruned."""
+    graphs, benchmarks/forward_route_ab.py, forward-route-d64-h100-2026-11-28.txt) the Gluon route was
+    faster in every cell at T=16k (forward 3-16%, 9-13% with nothing to prune), level or faster at 2 x 8k and
+    within 1.2% at 4 x 4k, fast gates included; one forward for pruned and exact calls keeps pruning's cost
+    small where nothing is pruned."""
     if not runs_triton(q) or call.options.torch_path:
         return Backend.TORCH
     if not _gluon_applies(q, call):
