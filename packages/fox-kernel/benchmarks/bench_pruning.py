@@ -111,6 +111,18 @@ def capture_graph(fn, args, mode):
     return graph
 
 
+def alternating_args(doc: str, rounds: int, out: str):
+    """The command line of a script timing with ``alternate``: --rounds (at least 1), --rep, --out."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=rounds, help=f"rounds of alternating calls (default {rounds})")
+    ap.add_argument("--rep", type=int, default=60, help="milliseconds do_bench spends on each timing (default 60)")
+    ap.add_argument("--out", default=out)
+    args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    return args
+
+
 def alternate(graphs: dict, rounds: int, rep: int) -> dict:
     """name -> GPU milliseconds per round of each captured graph: rounds replay the graphs in a rotating
     order, so slow drifts of the clock or of the memory land on all of them alike."""

@@ -12,7 +12,6 @@ rotating order. Prints the median milliseconds and the ratios, writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import platform
@@ -20,7 +19,13 @@ import statistics
 
 import torch
 import triton
-from bench_pruning import GATES, _inputs, alternate, capture_graph  # this folder's: inputs, capture, timing
+from bench_pruning import (  # this folder's: inputs, capture, timing
+    GATES,
+    _inputs,
+    alternate,
+    alternating_args,
+    capture_graph,
+)
 
 from fox_kernel import current_options, forgetting_attention
 from fox_kernel.ops import dispatch
@@ -54,13 +59,7 @@ def auto(q, k, v, lf, t):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=7, help="rounds of alternating calls (default 7)")
-    ap.add_argument("--rep", type=int, default=60, help="milliseconds do_bench spends on each timing (default 60)")
-    ap.add_argument("--out", default="forward_route.json")
-    args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    args = alternating_args(__doc__, 7, "forward_route.json")
     rows = []
     print(f"{'B x T, H':14s} {'gates':8s} {'mode':8s} {'exact ms':>9} {'Gluon fwd':>10} {'Triton fwd':>11} "
           f"{'Triton / Gluon':>15}")

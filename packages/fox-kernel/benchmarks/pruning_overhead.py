@@ -13,14 +13,19 @@ ranges, to show nothing was pruned); writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
 
 import torch
 import triton
-from bench_pruning import GATES, _inputs, alternate, capture_graph  # this folder's: inputs, capture, timing
+from bench_pruning import (  # this folder's: inputs, capture, timing
+    GATES,
+    _inputs,
+    alternate,
+    alternating_args,
+    capture_graph,
+)
 
 from fox_kernel import current_options, forgetting_attention
 from fox_kernel.ops.triton import launch
@@ -57,13 +62,7 @@ def kept_share(q, k, lf, threshold) -> float:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=15, help="rounds of alternating calls (default 15)")
-    ap.add_argument("--rep", type=int, default=60, help="milliseconds do_bench spends on each timing (default 60)")
-    ap.add_argument("--out", default="pruning_overhead.json")
-    args = ap.parse_args()
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    args = alternating_args(__doc__, 15, "pruning_overhead.json")
     results = []
     for B, T, H, D in SHAPES:
         inputs = _inputs(B, T, H, D, SLOW)
