@@ -14,6 +14,7 @@ from fox_kernel.options import INTERPRET
     (2, 37, 53, 3, 16, 16, True),     # queries shorter than keys, partial blocks everywhere
     (1, 100, 100, 2, 32, None, False),  # the one-pass backward: no dQ pass's sums or table
     (1, 20, 90, 2, 16, 32, True),     # dQ tiles of other widths than the dK/dV pass's
+    (8, 16, 16, 5, 16, 16, True),     # more (row, head) pairs than blocks: they take grid axis 0
 ])
 @pytest.mark.parametrize("pruned", [True, False], ids=["pruned", "exact"])
 def test_backward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, H, D, cl_seg, with_queries, pruned):
@@ -52,7 +53,11 @@ def test_backward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk,
         assert got[3].min().item() >= 0 and got[3].max().item() <= Tq
 
 
-@pytest.mark.parametrize("B, Tq, Tk, H, Hkv, D", [(2, 37, 53, 4, 2, 16), (1, 90, 90, 3, 3, 32)])
+@pytest.mark.parametrize("B, Tq, Tk, H, Hkv, D", [
+    (2, 37, 53, 4, 2, 16),
+    (1, 90, 90, 3, 3, 32),
+    (9, 20, 20, 6, 3, 16),  # more (row, head) pairs than blocks: they take grid axis 0
+])
 @pytest.mark.parametrize("norms", ["q and k", "k", "none"])
 @pytest.mark.parametrize("zeros", [True, False], ids=["zero gates", "no zero gates"])
 def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, H, Hkv, D, norms, zeros):

@@ -6,8 +6,8 @@ Separately these are up to nine launches (``sums.prefix_sums``, ``norms.max_sq_r
 ``pruning.auto_threshold``, ``ranges.kept_ranges``, ``sums.local_sums``; ``sums.delta``,
 ``sums.local_sums`` twice, ``ranges.kept_ranges_pair``), each a few microseconds of GPU time and ~20-30 us
 of host time, which a small model's training step at long context waits on. Here one grid holds several
-parts: each part's programs come one after another along grid axis 0 and run the same code as that part's
-own kernel (``sums.prefix_sums_row``, ``norms.max_sq_norm_block``, ``sums.local_sums_segment``,
+parts: the grid's block axis lists each part's blocks after the previous part's (the other axis is the
+(row, head)), and every program runs the same code as its part's own kernel (``sums.prefix_sums_row``, ``norms.max_sq_norm_block``, ``sums.local_sums_segment``,
 ``ranges.kept_range_block``, ``sums.delta_rows``), so the outputs are the same bit for bit. Fixed-length
 batches without ``seq_start`` or a window (the calls the Gluon kernels run).
 """
