@@ -32,9 +32,9 @@ from fox_kernel.pruning import DEFAULT_LOG_TOLERANCE, pruning_threshold
 
 def host_us(fn, calls: int, clock=time.perf_counter) -> float:
     """Mean host microseconds per call of ``fn`` (launches queued, one synchronisation at the end), by
-    ``clock``: wall time, or with ``time.process_time`` the CPU time of this process (which does not count
-    the time the process waits while the host runs other work, the larger part of the spread between runs
-    on a shared host)."""
+    ``clock``: wall time, or with ``time.process_time`` the CPU time of this process (the time it ran, not
+    the time it waited for a CPU; on the shared H100 hosts of 2026-11-28 it spread between runs as widely as
+    wall time)."""
     for _ in range(20):
         fn()
     torch.cuda.synchronize()

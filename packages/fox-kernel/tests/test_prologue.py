@@ -98,12 +98,12 @@ def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, 
     blocks = dict(BLOCK_M=32, BLOCK_N=16)
     scale = D**-0.5
     if norms == "q and k":  # the "auto" bound from the norms, written out for the backward
-        threshold, table, cl = prologue.forward_tables(c, None, nx, ny, scale, bound(0.0, Tk, -10.0), Tq, 16, blocks)
+        threshold, table, cl = prologue.forward_tables(c, None, nx, ny, scale, bound(0.0, Tk, -10.0), Tq, blocks)
         want_threshold = auto_threshold(q, k, scale, Tk, -10.0)
         assert torch.equal(threshold, want_threshold)
     else:  # a given bound (one that prunes here), or none
         given = torch.full((B, H), -2.5, device=device) if norms == "k" else None
-        threshold, table, cl = prologue.forward_tables(c, given, None, nx, scale, None, Tq, 16, blocks)
+        threshold, table, cl = prologue.forward_tables(c, given, None, nx, scale, None, Tq, blocks)
         want_threshold = given
         assert threshold is given
     want_table = ranges.kept_ranges(c, None, None, want_threshold, B, H, Tq, Tk, Tq, blocks, True)

@@ -101,15 +101,21 @@ def tile_threshold(u, t_k, LOG_TOLERANCE: tl.constexpr):
 
 
 @triton.jit
+def head_bound(qn2, kn2, sm_scale, offset):
+    """``bound`` inside a kernel from a query head's and its key head's largest squared norms: -2U + offset,
+    U = |q|max |k|max |s| (``offset`` = ln eps - ln Tk)."""
+    return -2.0 * tl.sqrt(qn2 * kn2) * tl.abs(sm_scale) + offset
+
+
+@triton.jit
 def _head_threshold_kernel(QN2, KN2, OUT, H, HKV, GROUP, sm_scale, offset, BLOCK_H: tl.constexpr):
-    """OUT[b, h] = -2U + offset, U = |q|max |k|max |s| (``offset`` = ln eps - ln Tk) from the squared
-    maxima QN2 (B, H) and KN2 (B, HKV) of max_sq_row_norms(q, k)."""
+    """OUT[b, h] = ``head_bound`` of the squared maxima QN2 (B, H) and KN2 (B, HKV) of max_sq_row_norms(q, k)."""
     b = tl.program_id(0)
     h = tl.arange(0, BLOCK_H)
     mask = h < H
     qn2 = tl.load(QN2 + b * H + h, mask=mask, other=0.0)
     kn2 = tl.load(KN2 + b * HKV + h // GROUP, mask=mask, other=0.0)
-    tl.store(OUT + b * H + h, -2.0 * tl.sqrt(qn2 * kn2) * tl.abs(sm_scale) + offset, mask=mask)
+    tl.store(OUT + b * H + h, head_bound(qn2, kn2, sm_scale, offset), mask=mask)
 
 
 def auto_threshold(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOLERANCE):

@@ -52,8 +52,7 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
     threshold, ranges, cl = forward_tables(c, call.threshold, qn2, kn2, sm_scale,
-                                           bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq,
-                                           blocks["BLOCK_N"], blocks)
+                                           bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq, blocks)
     kmax2 = kn2 if fixed else None
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
     # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the

@@ -178,8 +178,8 @@ def any_length(kernel, Tq, Tk):
 # specialises each, formats the launch options into a string for its cache key, checks the kernel's
 # globals, reads four knobs and builds launch metadata for the (empty) launch hooks before the driver
 # launches: 14 us a launch of the prefix-sums kernel on an H200 host, and a pruned forward+backward makes
-# 7 launches through the Gluon kernels (``prologue.py``) and about a dozen through the Triton ones. ``run`` binds the same arguments with a function made once per kernel, keys the compiled
-# kernel on every argument's specialisation (Triton's own ``native_specialize_impl``, asked for at least
+# 7 launches through the Gluon kernels (``prologue.py``) and about a dozen through the Triton ones. ``run``
+# binds the same arguments with a function made once per kernel, keys the compiled kernel on every argument's specialisation (Triton's own ``native_specialize_impl``, asked for at least
 # what Triton specialises on: a key at least as fine as Triton's, so a hit is the kernel Triton would
 # launch) and the constexpr and launch-option values, and hands the arguments to the compiled kernel's
 # launcher. A miss (the first launch of a specialisation) goes through ``kernel[grid](...)``, which

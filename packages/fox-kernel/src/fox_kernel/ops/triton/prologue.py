@@ -20,7 +20,7 @@ import triton.language as tl
 
 from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.norms import NORM_ROWS, max_sq_norm_block, norm_outputs
-from fox_kernel.ops.triton.ranges import kept_range_block, range_tables, table_columns
+from fox_kernel.ops.triton.ranges import block_and_row, kept_range_block, range_tables, table_columns
 from fox_kernel.ops.triton.sums import (
     DELTA_ROWS,
     delta_rows,
@@ -29,6 +29,7 @@ from fox_kernel.ops.triton.sums import (
     prefix_sums_row,
     scan_block,
 )
+from fox_kernel.pruning import head_bound
 
 
 def _grid(blocks: int, programs: int):
@@ -37,14 +38,6 @@ def _grid(blocks: int, programs: int):
     if max(min(blocks, programs), 1) > 65535:
         raise ValueError(f"{programs} (row, head) pairs of {blocks} blocks each pass the launch grid's limits")
     return ((blocks, programs), True) if blocks >= programs else ((programs, blocks), False)
-
-
-@triton.jit
-def _block_and_row(BLOCKS_FIRST: tl.constexpr):
-    """(block, (row, head)) of this program in a ``_grid`` grid."""
-    if BLOCKS_FIRST:
-        return tl.program_id(0), tl.program_id(1)
-    return tl.program_id(1), tl.program_id(0)
 
 
 @triton.jit
@@ -60,7 +53,7 @@ def _backward_prologue_kernel(O, DO, DELTA, C, CLQ, CL, THRESH, KEYS, QUERIES, o
     stride_ob, stride_ot, stride_oh = o_strides
     stride_db, stride_dt, stride_dh = do_strides
     stride_cb, stride_ch = c_strides
-    pid, pid_bh = _block_and_row(BLOCKS_FIRST)
+    pid, pid_bh = block_and_row(BLOCKS_FIRST)
     if pid < N_DELTA:
         delta_rows(O, DO, DELTA, stride_ob, stride_ot, stride_oh, stride_db, stride_dt, stride_dh, pid, pid_bh, H, Tq,
                    D, DELTA_M, BLOCK_D)
@@ -168,10 +161,10 @@ def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, RANGES, c_strides, H, GROUP,
                            BLOCKS_FIRST: tl.constexpr):
     """Blocks [0, N_CL): segments of CL (CL_SEG long); with HAS_RANGES the N_QUERIES blocks of the kept
     ranges of the query blocks, their threshold read from THRESH or, with AUTO, the "auto" bound
-    ``-2 |s| sqrt(QN2 KN2) + offset`` (as ``pruning.auto_threshold``) written there by each (row, head)'s first
-    range block."""
+    (``pruning.head_bound`` of QN2 and KN2, as ``pruning.auto_threshold``) written there by each (row, head)'s
+    first range block."""
     stride_cb, stride_ch = c_strides
-    pid, pid_bh = _block_and_row(BLOCKS_FIRST)
+    pid, pid_bh = block_and_row(BLOCKS_FIRST)
     if pid < N_CL:
         local_sums_segment(C, None, CL, stride_cb, stride_ch, pid, pid_bh, H, Tk, 0, False, CL_SEG)
     else:
@@ -179,8 +172,8 @@ def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, RANGES, c_strides, H, GROUP,
             if AUTO:
                 b = pid_bh // H
                 h = pid_bh % H
-                kn2 = tl.load(KN2 + b * (H // GROUP) + h // GROUP)
-                delta = -2.0 * tl.sqrt(tl.load(QN2 + pid_bh) * kn2) * tl.abs(sm_scale) + offset
+                delta = head_bound(tl.load(QN2 + pid_bh), tl.load(KN2 + b * (H // GROUP) + h // GROUP), sm_scale,
+                                   offset)
                 if pid == N_CL:
                     tl.store(THRESH + pid_bh, delta)
             else:
@@ -189,13 +182,12 @@ def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, RANGES, c_strides, H, GROUP,
                              0, 0, N_QUERIES, QUERY_M, QUERY_N, QUERY_M, QUERY_N, False, False, SCAN, False)
 
 
-def forward_tables(c, threshold, qn2, kn2, sm_scale: float, auto_offset: float | None, Tq: int, cl_seg: int,
-                   blocks: dict | None):
+def forward_tables(c, threshold, qn2, kn2, sm_scale: float, auto_offset: float | None, Tq: int, blocks: dict):
     """(threshold, the first kept key of each query block, cl), as the Gluon forward's
 
         pruning.auto_threshold's bound from the squared norms (given ``auto_offset``, ln eps - ln Tk),
         ranges.kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True),
-        sums.local_sums(c, None, B, Tk, cl_seg)
+        sums.local_sums(c, None, B, Tk, blocks["BLOCK_N"])
 
     give them, from one launch. ``qn2`` (B, H), ``kn2`` (B, Hkv): the largest squared q and k norms (with
     ``auto_offset``); ``threshold`` (B, H) otherwise, or None (no ranges); ``blocks`` the forward's tiles.
@@ -206,14 +198,14 @@ def forward_tables(c, threshold, qn2, kn2, sm_scale: float, auto_offset: float |
         threshold = torch.empty(B, H, dtype=torch.float32, device=c.device)
     cl = torch.empty_like(c, dtype=torch.float32)  # same strides as c: the kernels index both alike
     ranges = None if threshold is None else range_tables(c.device, B * H, Tq, None, blocks)[1]
-    n_cl = local_sums_grid(Tk, cl_seg)
+    n_cl = local_sums_grid(Tk, blocks["BLOCK_N"])
     n_queries = table_columns(ranges)
     grid, blocks_first = _grid(n_cl + n_queries, B * H)
     if B * H:
         launch.run(_forward_tables_kernel, grid,
             c, cl, threshold, qn2, kn2, ranges, launch.strides(c, 2), H, H // kn2.shape[1] if auto else 1, Tq, Tk,
-            float(sm_scale), float(auto_offset or 0.0), n_cl, n_queries, CL_SEG=cl_seg, HAS_RANGES=ranges is not None,
-            AUTO=auto, QUERY_M=blocks["BLOCK_M"] if blocks else 1, QUERY_N=blocks["BLOCK_N"] if blocks else 1,
+            float(sm_scale), float(auto_offset or 0.0), n_cl, n_queries, CL_SEG=blocks["BLOCK_N"],
+            HAS_RANGES=ranges is not None, AUTO=auto, QUERY_M=blocks["BLOCK_M"], QUERY_N=blocks["BLOCK_N"],
             SCAN=launch.scan(), BLOCKS_FIRST=blocks_first, num_warps=4,
         )
     return threshold, ranges, cl

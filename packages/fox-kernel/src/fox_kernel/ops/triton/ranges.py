@@ -131,6 +131,14 @@ def last_kept_query_block(c_ptr, c_bottom, delta, shift, lo, hi, BLOCK_M: tl.con
 
 
 @triton.jit
+def block_and_row(BLOCKS_FIRST: tl.constexpr):
+    """(block, (row, head)) of this program: blocks on grid axis 0 with BLOCKS_FIRST, else on axis 1."""
+    if BLOCKS_FIRST:
+        return tl.program_id(0), tl.program_id(1)
+    return tl.program_id(1), tl.program_id(0)
+
+
+@triton.jit
 def kept_range_block(C, SEQ_START, CU, delta, OUT_KEYS, OUT_QUERIES, stride_cb, stride_ch, pid, pid_bh, H, Tq, Tk,
                      WINDOW, N_KEYS, N_QUERIES, KEY_M: tl.constexpr, KEY_N: tl.constexpr, QUERY_M: tl.constexpr,
                      QUERY_N: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_SEQ_START: tl.constexpr,
@@ -169,16 +177,10 @@ def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_stride
     """``kept_range_block`` per program: one per (row, head) and block, the blocks on the grid's second axis
     (the first with BLOCKS_FIRST). One launch fills both tables."""
     stride_cb, stride_ch = c_strides
-    if BLOCKS_FIRST:
-        pid = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-    else:
-        pid_bh = tl.program_id(0)
-        pid = tl.program_id(1)
+    pid, pid_bh = block_and_row(BLOCKS_FIRST)
     kept_range_block(C, SEQ_START, CU, tl.load(THRESH + pid_bh), OUT_KEYS, OUT_QUERIES, stride_cb, stride_ch, pid,
-                     pid_bh, H, Tq, Tk,
-                     WINDOW, N_KEYS, N_QUERIES, KEY_M, KEY_N, QUERY_M, QUERY_N, IS_VARLEN, HAS_SEQ_START, SCAN,
-                     HAS_WINDOW)
+                     pid_bh, H, Tq, Tk, WINDOW, N_KEYS, N_QUERIES, KEY_M, KEY_N, QUERY_M, QUERY_N, IS_VARLEN,
+                     HAS_SEQ_START, SCAN, HAS_WINDOW)
 
 
 def range_tables(device, programs: int, t_max: int, key_blocks, query_blocks):
