@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import platform
+import time
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import current_options, forgetting_attention
 from fox_kernel.pruning import pruning_threshold
+
+ACP_SHAPES = [(1, 16384, 16, 128), (1, 16384, 32, 64)]  # (B, T, H, D) of the pruning rows
 
 
 def _flops(B, H, T, D, mode):
@@ -152,10 +155,15 @@ def main():
     if args.no_zero_gates:
         contenders["fox zero_gates=False"] = _ours(zero_gates=False)
 
+    rows, acp, decode, env, start = [], [], [], _env(), time.perf_counter()
+
+    def save():  # after every row: a run cut short keeps what it measured
+        with open(args.out, "w") as f:
+            json.dump(dict(env=env, attention=rows, acp=acp, decode=decode), f, indent=1)
+
     lengths = [4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384]
     cases = [(16384 // T, T, 2048 // D, 2048 // D, D) for D in (64, 128) for T in lengths]
     cases += [(2, 8192, 32, 8, 128), (2, 8192, 32, 32, 128)]  # GQA and the equivalent MHA
-    rows = []
     for B, T, H, Hkv, D in cases:
         torch.manual_seed(0)
         inputs = _inputs(B, T, H, Hkv, D)
@@ -172,34 +180,39 @@ def main():
                         print(f"{key} failed at {row}: {type(e).__name__}: {str(e)[:200]}")
                         row[key] = float("nan")
             rows.append(row)
-            print(_fmt_row(row, contenders))
+            save()
+            print(_fmt_row(row, contenders), f"[{time.perf_counter() - start:.0f} s]", flush=True)
 
-    acp = []
-    B, T, H, D = 1, 16384, 16, 128
-    for label, shift in [] if args.attention_only else (("fast (mean log f ~ -0.18)", 1.7), ("fast (mean log f ~ -0.018)", 4.0), ("slow (mean log f ~ -0.0006)", 7.4)):
+    gates = (("fast (mean log f ~ -0.18)", 1.7), ("fast (mean log f ~ -0.018)", 4.0), ("slow (mean log f ~ -0.0006)", 7.4))
+    for (B, T, H, D), (label, shift) in [] if args.attention_only else [(s, g) for s in ACP_SHAPES for g in gates]:
         torch.manual_seed(0)
         inputs = _inputs(B, T, H, H, D, gate_shift=shift)
         mean = inputs[3].mean().item()
         # one bound per head for both kernels: the q/k-norm bound of the whole row (ln eps = -10)
         per_head = pruning_threshold(inputs[0], inputs[1], D**-0.5, T).amin(dim=0)
+        pruning = {"exact": _ours(), "auto": _ours(adaptive_threshold="auto"),
+                   "auto zero_gates=False": _ours(adaptive_threshold="auto", zero_gates=False),
+                   "per-head": _ours(adaptive_threshold=per_head)}
+        if official is not None:
+            pruning["official exact"] = contenders["official"]
+            pruning["official per-head"] = lambda q, k, v, lf: official(q, k, v, lf, adaptive_threshold=per_head)
         for mode in ("fwd", "fwd+bwd"):
             flops = _flops(B, H, T, D, mode)
-            base = _time(_ours(), inputs, mode)
-            pruned = _time(_ours(adaptive_threshold="auto"), inputs, mode)
-            row = dict(gates=label, mean_log_f=mean, mode=mode, tflops_exact=flops / base / 1e9,
-                       tflops_effective_pruned=flops / pruned / 1e9, speedup=base / pruned)
-            if official is not None:
-                timed = {"ours per-head": _time(_ours(adaptive_threshold=per_head), inputs, mode),
-                         "official exact": _time(contenders["official"], inputs, mode),
-                         "official per-head": _time(lambda q, k, v, lf: official(q, k, v, lf, adaptive_threshold=per_head),
-                                                    inputs, mode)}
-                row.update({f"tflops_effective {name}": flops / ms / 1e9 for name, ms in timed.items()})
+            row = dict(B=B, T=T, H=H, D=D, gates=label, mean_log_f=mean, mode=mode)
+            for name, fn in pruning.items():
+                for timer, key in ((_time, name), *([(_time_graph, f"{name} graph")] if args.graph else [])):
+                    row[f"ms {key}"] = timer(fn, inputs, mode)
+                    row[f"tflops_effective {key}"] = flops / row[f"ms {key}"] / 1e9
+            row["speedup"] = row["ms exact"] / row["ms auto"]
             acp.append(row)
-            print(f"ACP {label:30s} {mode:8s} " + "  ".join(f"{k.replace('tflops_', '')} {v:6.1f}" for k, v in row.items()
-                                                           if k.startswith("tflops")) + f"  x{base / pruned:.2f}")
+            save()
+            print(f"ACP D={D} {label:30s} {mode:8s} " + "  ".join(
+                f"{k.replace('tflops_effective ', '')} {v:6.1f}" for k, v in row.items() if k.startswith("tflops")))
+        print(f"[{time.perf_counter() - start:.0f} s]", flush=True)
 
-    decode = [] if args.attention_only else bench_decode()
-    env = _env()
+    if not args.attention_only:
+        decode.extend(bench_decode())
+        save()
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print("TFLOP/s (bf16, causal; fwd FLOPs 2BHT^2D, fwd+bwd 3.5x)")
     print(_fmt_header(contenders))
@@ -210,8 +223,6 @@ def main():
         print(_fmt_header(contenders))
         for row in rows:
             print(_fmt_row(row, contenders, suffix=" graph"))
-    with open(args.out, "w") as f:
-        json.dump(dict(env=env, attention=rows, acp=acp, decode=decode), f, indent=1)
 
 
 def _env():
