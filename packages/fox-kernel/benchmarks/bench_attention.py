@@ -3,12 +3,13 @@
 Times SDPA (cuDNN and flash backends, no gate: the ceiling), FlexAttention with a FoX score_mod,
 flash-linear-attention's ``parallel_forgetting_attn`` (if installed), the official FoX kernel (given
 ``--official PATH``, a local copy of the pruning paper's ``forgetting_attention.py``; not shipped) and ours,
-forward and forward+backward, at B*T = 16384 tokens and H*D = 2048; a GQA case; pruning (ACP) with fast and
-slow gates, where the official kernel and ours also run with one per-head bound, the same for both. Prints a
-table and writes JSON.
+forward and forward+backward, at B*T = 16384 tokens and H*D = 2048; a GQA case; pruning (ACP) at T=16k, D=64
+and D=128, with fast and slow gates: ours exact, with the "auto" bound (also with ``zero_gates=False``) and
+with one per-head bound, and the official kernel exact and with that same per-head bound; decoding. Prints
+tables and writes JSON, rewritten after every row (a run cut short keeps what it measured).
 
 Calls are eager (the host's Python and launches included: what a plain PyTorch loop sees). With ``--graph``
-every contender's attention cell is also timed replayed from a CUDA graph captured once (the GPU time alone,
+every contender's attention and pruning cell is also timed replayed from a CUDA graph captured once (the GPU time alone,
 ``bench_pruning.py``'s capture), as a second table and the JSON keys "NAME graph": where a contender's eager
 cell is below its graph cell, that call waits on its host.
 

@@ -52,7 +52,7 @@ def _same(cell: str, value: float, digits: int) -> bool:
 
 
 def test_the_section_has_its_three_tables():
-    assert [len(t) for t in _tables()] == [12, 6, 2]
+    assert [len(t) for t in _tables()] == [12, 12, 2]
 
 
 def test_attention_cells_are_the_runs():
@@ -67,22 +67,21 @@ def test_attention_cells_are_the_runs():
         for cell, name in zip(row[4:11], names):
             assert _same(cell, run[name], 1), (row, name, run[name])
         assert _same(row[11], run["fox (ours)"] / run["sdpa_cudnn"], 2)
+        assert _same(row[12], run["fox (ours) graph"] / run["sdpa_cudnn graph"], 2)
 
 
 def test_pruning_cells_are_the_runs():
     data = _run_json()["acp"]
-    keys = ["tflops_exact", "tflops_effective_pruned", "tflops_effective ours per-head",
-            "tflops_effective official exact", "tflops_effective official per-head"]
+    names = ["exact", "auto", "auto zero_gates=False", "per-head", "official exact", "official per-head"]
     table = _tables()[1]
     assert len(table) == len(data)
     for row, run in zip(table, data):
-        assert row[1] == run["mode"]
-        assert _same(row[0].split("(")[1], run["mean_log_f"], 3 if abs(run["mean_log_f"]) < 0.1 else 2)
-        for cell, key in zip(row[2:7], keys):
-            assert _same(cell, run[key], 1), (row, key)
-        if row[7]:
-            ratio = run["tflops_effective official per-head"] / run["tflops_effective ours per-head"]
-            assert _same(row[7], ratio, 2)
+        assert (int(row[0]), row[2]) == (run["D"], run["mode"])
+        assert _same(row[1].split("(")[1], run["mean_log_f"], 3 if abs(run["mean_log_f"]) < 0.1 else 2)
+        for cell, name in zip(row[3:9], names):
+            assert _same(cell, run[f"tflops_effective {name}"], 1), (row, name)
+        assert _same(row[9], run["ms official per-head"] / run["ms auto"], 2)
+        assert _same(row[10], run["ms official per-head graph"] / run["ms auto graph"], 2)
 
 
 @pytest.mark.parametrize("i", [0, 1])
