@@ -14,6 +14,10 @@ every contender's attention and pruning cell is also timed replayed from a CUDA 
 cell is below its graph cell, that call waits on its host.
 
     python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH] [--graph]
+    python packages/fox-kernel/benchmarks/bench_attention.py --plot-from bench.json --plot bench.png   # no GPU
+
+``--plot`` draws the run's three tables into one PNG: each FoX kernel's speed over cuDNN's, the official
+pruned call's time over ours, and decoding bandwidth.
 """
 
 from __future__ import annotations
@@ -130,7 +134,15 @@ def main():
                     help="only the attention table (no pruning or decoding cases)")
     ap.add_argument("--no-zero-gates", action="store_true",
                     help="also time our kernels as fox-layers' layers call them: zero_gates=False (no zero-gate passes)")
+    ap.add_argument("--plot", help="also draw the run's tables into this PNG (needs matplotlib)")
+    ap.add_argument("--plot-from", help="draw --plot from this earlier JSON instead of measuring")
     args = ap.parse_args()
+    if args.plot_from:
+        if not args.plot:
+            raise SystemExit("--plot-from needs --plot PNG")
+        with open(args.plot_from) as f:
+            plot(json.load(f), args.plot)
+        return
     official = None
     if args.official:
         from bench_pruning import _load_official  # the same file, loaded the same way as bench_pruning's
@@ -224,6 +236,9 @@ def main():
         print(_fmt_header(contenders))
         for row in rows:
             print(_fmt_row(row, contenders, suffix=" graph"))
+    if args.plot:
+        with open(args.out) as f:
+            plot(json.load(f), args.plot)
 
 
 def _env():
@@ -285,6 +300,79 @@ def _fmt_row(row, contenders, suffix=""):
     ratio = ours / cudnn if ours is not None and cudnn else math.nan
     vals = " ".join(f"{row.get(n + suffix, math.nan):11.1f}" for n in contenders)
     return f"{row['B']:3d} {row['T']:6d} {row['H']:3d} {row['Hkv']:3d} {row['D']:4d} {row['mode']:8} {vals}  {ratio:10.2f}"
+
+
+def _case(row) -> str:
+    shape = f"{row['T'] // 1024}k" + (f"x{row['B']}" if row.get("B", 1) > 1 else "")
+    heads = f" {row['H']}/{row['Hkv']}" if row.get("Hkv", row["H"]) != row["H"] else ""
+    return f"{shape}{heads} D{row['D']}\n{row['mode']}"
+
+
+def plot(result: dict, path: str) -> None:
+    """Three panels from a run's JSON: per attention case, each FoX kernel's TFLOP/s over cuDNN's (ours also
+    in GPU time where the run has it); per pruning case, the official per-head call's time over our "auto"
+    call's (eager, GPU time, and ours with ``zero_gates=False``); per decoding shape, TB/s of K/V read."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    attention, acp, decode = result.get("attention", []), result.get("acp", []), result.get("decode", [])
+    panels = [p for p, rows in (("attention", attention), ("acp", acp), ("decode", decode)) if rows]
+    if not panels:
+        raise ValueError("the JSON has no attention, acp or decode rows to plot")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 3.6 * len(panels)), squeeze=False)
+
+    def bars(ax, labels, series, ylabel, line=None):
+        x = np.arange(len(labels))
+        width = 0.8 / len(series)
+        for i, (name, values, style) in enumerate(series):
+            ax.bar(x - 0.4 + width * (i + 0.5), values, width, label=name, **style)
+        if line is not None:
+            ax.axhline(line, color="black", linewidth=0.8)
+        top = np.nanmax([v for _, values, _ in series for v in values])
+        ax.set_ylim(0, top * 1.2)  # room for the legend above the bars
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.legend(fontsize=7, ncol=len(series))
+
+    for ax, panel in zip(axes[:, 0], panels):
+        if panel == "attention":
+            names = [n for n in ("flex_fox", "fla", "official", "fox (ours)") if n in attention[0]]
+            series = [(n, [r[n] / r["sdpa_cudnn"] for r in attention], {}) for n in names]
+            if "fox (ours) graph" in attention[0]:
+                series.append(("fox (ours), GPU time", [r["fox (ours) graph"] / r["sdpa_cudnn graph"] for r in attention],
+                               dict(hatch="//", edgecolor="white")))
+            bars(ax, [_case(r) for r in attention], series, "TFLOP/s over cuDNN SDPA's (no gate)", line=1.0)
+            ax.set_title("Attention: each FoX kernel against cuDNN (1 = cuDNN; missing bar: the kernel refuses "
+                         "the case)", fontsize=9)
+        elif panel == "acp":
+            labels = [f"{r['gates'].split()[0]} {r['mean_log_f']:.3g}\nD{r['D']} {r['mode']}" for r in acp]
+            series = [(name, [r[f"ms official per-head{g}"] / r[f"ms {key}{g}"] for r in acp], style)
+                      for name, key, g, style in (("ours auto, eager", "auto", "", {}),
+                                                  ("ours auto, zero_gates=False, eager", "auto zero_gates=False", "", {}),
+                                                  ("ours auto, GPU time", "auto", " graph", dict(hatch="//", edgecolor="white")))
+                      if f"ms official per-head{g}" in acp[0] and f"ms {key}{g}" in acp[0]]
+            if not series:
+                ax.set_visible(False)
+                continue
+            bars(ax, labels, series, "official per-head time / ours", line=1.0)
+            ax.set_title("Pruning (T=16k): the official pruned call's time over ours (above 1: ours is faster)",
+                         fontsize=9)
+        else:
+            names = [("ours", "ours"), ("paged, 16-token pages", "paged16"), ("paged, 256-token pages", "paged256"),
+                     ("SDPA, no gate", "sdpa_no_gate")]
+            series = [(label, [r[f"{key}_TBps"] for r in decode], {}) for label, key in names]
+            bars(ax, [f"B={r['B']} x T={r['T'] // 1024}k, {r['H']}/{r['Hkv']}" for r in decode], series,
+                 "TB/s of K/V read")
+            ax.set_title("Decoding: one new token per sequence", fontsize=9)
+    env = result.get("env", {})
+    fig.suptitle(f"bench_attention.py: {env.get('gpu', '')}, torch {env.get('torch', '')}, "
+                 f"triton {env.get('triton', '')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

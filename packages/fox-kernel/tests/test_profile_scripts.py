@@ -1,7 +1,9 @@
-"""benchmarks/ncu_profile.py and benchmarks/pruning_overhead.py: what they read and compute, without a GPU.
+"""benchmarks/ncu_profile.py, benchmarks/pruning_overhead.py and bench_attention.py's plot: what they read and
+compute, without a GPU.
 
 ncu_profile reads Nsight Compute's raw CSV page; pruning_overhead reports the share of key tiles a per-head
-bound keeps. Both are checked against values worked out here by hand or by a plain loop."""
+bound keeps. Both are checked against values worked out here by hand or by a plain loop. bench_attention
+draws the tables of a run's JSON."""
 
 from __future__ import annotations
 
@@ -62,6 +64,20 @@ def test_ncu_plot_draws_a_png(tmp_path):
     path = tmp_path / "ncu.png"
     ncu.plot(result, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    bench = _module("bench_attention")
+    run = json.loads((BENCH / "bench-attention-official-h200-2026-11-28.json").read_text())
+    for name, result in (("whole", run), ("attention-only", dict(env=run["env"], attention=run["attention"][:3]))):
+        path = tmp_path / f"{name}.png"
+        bench.plot(result, str(path))
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no attention, acp or decode rows"):
+        bench.plot(dict(env=run["env"]), str(tmp_path / "empty.png"))
 
 
 @pytest.mark.parametrize("shift,bound", [(7.4, -10.0), (0.0, -3.0), (1.0, -6.0)])
