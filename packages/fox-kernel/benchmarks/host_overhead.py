@@ -8,10 +8,12 @@ without the "auto" pruning bound), the public function through autograd, and SDP
 autograd for scale. Each row is the mean of ``--calls`` calls queued without synchronising. Prints a
 table and writes JSON: wall time per call, and the process's CPU time per call.
 
-``--launch-ab`` times every case with the kernels' cached launches (``ops/triton/launch.run``) and through
-Triton's own launch path, in alternating rounds in this one process, and reports the median of each.
+``--rounds N`` times every case N times, the cases in turn, and reports the medians (the hosts' spread
+between runs is wider than some of the differences measured here). ``--launch-ab`` times every case with the
+kernels' cached launches (``ops/triton/launch.run``) and through Triton's own launch path, in alternating
+rounds in this one process, and reports the median of each.
 
-    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--launch-ab]
+    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] [--launch-ab]
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def main(argv=None):
                     "adds its fwd+bwd through autograd, exact and with a per-head bound")
     ap.add_argument("--launch-ab", action="store_true",
                     help="each case with cached launches and through Triton's launch path, alternating rounds")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of --launch-ab")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds: every case once per round, the cases in turn; each row is the median over rounds "
+                         "(--launch-ab: 3 if not given)")
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions (own time) of the autograd calls (zero_gates=False, without "
                          "and with the auto bound; with a per-head bound)")
@@ -140,11 +144,10 @@ def main(argv=None):
 
         cases["official fwd+bwd (autograd)"] = lambda: official(None)
         cases["official fwd+bwd, per-head bound (autograd)"] = lambda: official(per_head)
-    if args.launch_ab:
-        rows = launch_ab(cases, args.calls, args.rounds)
-    else:
-        rows = [dict(case=name, host_us=host_us(fn, args.calls), host_cpu_us=host_us(fn, args.calls, time.process_time))
-                for name, fn in cases.items()]
+    rounds = args.rounds if args.rounds is not None else 3 if args.launch_ab else 1
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {rounds}")
+    rows = launch_ab(cases, args.calls, rounds) if args.launch_ab else in_rounds(cases, args.calls, rounds)
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                python=platform.python_version(), cpu=platform.processor() or platform.machine())
     print(" | ".join(f"{k}={v}" for k, v in env.items()) + f" | T={T} H={H} D={D} bf16")
@@ -172,6 +175,21 @@ def main(argv=None):
     with open(args.out, "w") as f:
         json.dump(dict(env=env, seq_len=T, heads=H, head_dim=D, calls=args.calls, rows=rows, profiles=profiles), f,
                   indent=1)
+
+
+def in_rounds(cases, calls: int, rounds: int) -> list[dict]:
+    """Per case, the median over ``rounds`` rounds (each round times every case in turn, so a slow spell of
+    the host falls on all cases alike) of the wall and CPU time per call, and each round's wall time."""
+    import statistics
+
+    wall = {name: [] for name in cases}
+    cpu = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            wall[name].append(host_us(fn, calls))
+            cpu[name].append(host_us(fn, calls, time.process_time))
+    return [dict(case=name, host_us=statistics.median(wall[name]), host_cpu_us=statistics.median(cpu[name]),
+                 rounds=wall[name]) for name in cases]
 
 
 def launch_ab(cases, calls: int, rounds: int) -> list[dict]:
