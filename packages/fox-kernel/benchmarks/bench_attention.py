@@ -31,6 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
+from plot_args import add_plot_args, plotted_from_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import current_options, forgetting_attention
@@ -134,14 +135,9 @@ def main():
                     help="only the attention table (no pruning or decoding cases)")
     ap.add_argument("--no-zero-gates", action="store_true",
                     help="also time our kernels as fox-layers' layers call them: zero_gates=False (no zero-gate passes)")
-    ap.add_argument("--plot", help="also draw the run's tables into this PNG (needs matplotlib)")
-    ap.add_argument("--plot-from", help="draw --plot from this earlier JSON instead of measuring")
+    add_plot_args(ap, "the run's tables")
     args = ap.parse_args()
-    if args.plot_from:
-        if not args.plot:
-            raise SystemExit("--plot-from needs --plot PNG")
-        with open(args.plot_from) as f:
-            plot(json.load(f), args.plot)
+    if plotted_from_json(args, plot):
         return
     official = None
     if args.official:

@@ -30,6 +30,8 @@ import shutil
 import subprocess
 import sys
 
+from plot_args import add_plot_args, plotted_from_json
+
 SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
             "WarpStateStats", "SchedulerStats", "InstructionStats")
 CASES = {  # name -> (B, T, H, Hkv, D, what)
@@ -129,18 +131,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     ap.add_argument("--out", default="ncu_profile.json")
-    ap.add_argument("--plot", help="also draw the kernel times into this PNG (needs matplotlib)")
-    ap.add_argument("--plot-from", help="draw --plot from this earlier JSON instead of profiling")
+    add_plot_args(ap, "the kernel times")
     ap.add_argument("--child", choices=list(CASES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child)
         return
-    if args.plot_from:
-        if not args.plot:
-            raise SystemExit("--plot-from needs --plot PNG")
-        with open(args.plot_from) as f:
-            plot(json.load(f), args.plot)
+    if plotted_from_json(args, plot):
         return
     ncu = shutil.which("ncu")
     if ncu is None:

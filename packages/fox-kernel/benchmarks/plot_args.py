@@ -1,0 +1,25 @@
+"""The ``--plot PNG`` / ``--plot-from JSON`` pair that benchmark scripts share: draw while measuring, or draw an
+earlier run's JSON on any machine (no GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+
+def add_plot_args(ap: argparse.ArgumentParser, what: str) -> None:
+    ap.add_argument("--plot", help=f"also draw {what} into this PNG (needs matplotlib)")
+    ap.add_argument("--plot-from", help="draw --plot from this earlier JSON instead of measuring")
+
+
+def plotted_from_json(args: argparse.Namespace, plot: Callable[[dict, str], None]) -> bool:
+    """With ``--plot-from``: draws that JSON into ``--plot`` and returns True (the script has nothing more
+    to do); else False."""
+    if not args.plot_from:
+        return False
+    if not args.plot:
+        raise SystemExit("--plot-from needs --plot PNG")
+    with open(args.plot_from) as f:
+        plot(json.load(f), args.plot)
+    return True
