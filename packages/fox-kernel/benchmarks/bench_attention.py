@@ -31,13 +31,13 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
+from bench_pruning import GATES, SHAPES, _load_official
+from bench_pruning import _time_graph as graph_time  # the same capture and timing as bench_pruning's
 from plot_args import add_plot_args, plotted_from_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import current_options, forgetting_attention
 from fox_kernel.pruning import pruning_threshold
-
-ACP_SHAPES = [(1, 16384, 16, 128), (1, 16384, 32, 64)]  # (B, T, H, D) of the pruning rows
 
 
 def _flops(B, H, T, D, mode):
@@ -118,8 +118,6 @@ def _time(fn, args, mode):
 
 def _time_graph(fn, args, mode):
     """``_time``'s call replayed from a CUDA graph captured once: the GPU time alone."""
-    from bench_pruning import _time_graph as graph_time  # the same capture and timing as bench_pruning's
-
     return graph_time(lambda q, k, v, lf, _: fn(q, k, v, lf), (*args, None), mode)
 
 
@@ -141,9 +139,7 @@ def main():
         return
     official = None
     if args.official:
-        from bench_pruning import _load_official  # the same file, loaded the same way as bench_pruning's
-
-        official = _load_official(args.official)
+        official = _load_official(args.official)  # the same file, loaded the same way as bench_pruning's
     if args.decode_only:
         decode = bench_decode()
         with open(args.out, "w") as f:
@@ -165,10 +161,11 @@ def main():
         contenders["fox zero_gates=False"] = _ours(zero_gates=False)
 
     rows, acp, decode, env, start = [], [], [], _env(), time.perf_counter()
+    result = dict(env=env, attention=rows, acp=acp, decode=decode)  # the lists fill in place
 
     def save():  # after every row: a run cut short keeps what it measured
         with open(args.out, "w") as f:
-            json.dump(dict(env=env, attention=rows, acp=acp, decode=decode), f, indent=1)
+            json.dump(result, f, indent=1)
 
     lengths = [4096, 16384] if args.quick else [1024, 2048, 4096, 8192, 16384]
     cases = [(16384 // T, T, 2048 // D, 2048 // D, D) for D in (64, 128) for T in lengths]
@@ -192,8 +189,8 @@ def main():
             save()
             print(_fmt_row(row, contenders), f"[{time.perf_counter() - start:.0f} s]", flush=True)
 
-    gates = (("fast (mean log f ~ -0.18)", 1.7), ("fast (mean log f ~ -0.018)", 4.0), ("slow (mean log f ~ -0.0006)", 7.4))
-    for (B, T, H, D), (label, shift) in [] if args.attention_only else [(s, g) for s in ACP_SHAPES for g in gates]:
+    # bench_pruning's shapes and gates
+    for (B, T, H, D), (label, shift) in [] if args.attention_only else [(s, g) for s in SHAPES for g in GATES.items()]:
         torch.manual_seed(0)
         inputs = _inputs(B, T, H, H, D, gate_shift=shift)
         mean = inputs[3].mean().item()
@@ -233,8 +230,7 @@ def main():
         for row in rows:
             print(_fmt_row(row, contenders, suffix=" graph"))
     if args.plot:
-        with open(args.out) as f:
-            plot(json.load(f), args.plot)
+        plot(result, args.plot)
 
 
 def _env():
@@ -299,8 +295,8 @@ def _fmt_row(row, contenders, suffix=""):
 
 
 def _case(row) -> str:
-    shape = f"{row['T'] // 1024}k" + (f"x{row['B']}" if row.get("B", 1) > 1 else "")
-    heads = f" {row['H']}/{row['Hkv']}" if row.get("Hkv", row["H"]) != row["H"] else ""
+    shape = f"{row['T'] // 1024}k" + (f"x{row['B']}" if row["B"] > 1 else "")
+    heads = f" {row['H']}/{row['Hkv']}" if row["Hkv"] != row["H"] else ""
     return f"{shape}{heads} D{row['D']}\n{row['mode']}"
 
 
