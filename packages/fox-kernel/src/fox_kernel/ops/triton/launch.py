@@ -175,18 +175,18 @@ def any_length(kernel, Tq, Tk):
 
 
 # Launches without Triton's per-call work. ``kernel[grid](...)`` binds the 10-50 arguments into a dict,
-# specialises each, formats the launch options into a string for its cache key, checks the kernel's
-# globals, reads four knobs and builds launch metadata for the (empty) launch hooks before the driver
-# launches: 14 us a launch of the prefix-sums kernel on an H200 host, and a pruned forward+backward makes
-# 7 launches through the Gluon kernels (``prologue.py``) and about a dozen through the Triton ones. ``run``
-# binds the same arguments with a function made once per kernel, keys the compiled kernel on every argument's specialisation (Triton's own ``native_specialize_impl``, asked for at least
-# what Triton specialises on: a key at least as fine as Triton's, so a hit is the kernel Triton would
-# launch) and the constexpr and launch-option values, and hands the arguments to the compiled kernel's
-# launcher. A miss (the first launch of a specialisation) goes through ``kernel[grid](...)``, which
-# compiles or finds the kernel and launches it. Off with ``FOX_KERNEL_CACHED_LAUNCH=0`` (read at import;
-# ``CACHED`` for benchmarks), in the interpreter, while a launch hook is registered (a profiler's), and
-# for good after a launcher refuses the arguments (a Triton whose launchers take others). Values other
-# than 0 and 1 are refused at import, naming the variable.
+# specialises each, formats the launch options into a string for its cache key, checks the kernel's globals,
+# reads four knobs and builds launch metadata for the (empty) launch hooks before the driver launches: 14 us a
+# launch of the prefix-sums kernel on an H200 host, and a pruned forward+backward makes 7 launches through the
+# Gluon kernels (``prologue.py``) and about a dozen through the Triton ones. ``run`` binds the same arguments
+# with a function made once per kernel, keys the compiled kernel on every argument's specialisation (Triton's
+# own ``native_specialize_impl``, asked for at least what Triton specialises on: a key at least as fine as
+# Triton's, so a hit is the kernel Triton would launch) and the constexpr and launch-option values, and hands
+# the arguments to the compiled kernel's launcher. A miss (the first launch of a specialisation) goes through
+# ``kernel[grid](...)``, which compiles or finds the kernel and launches it. Off with
+# ``FOX_KERNEL_CACHED_LAUNCH=0`` (read at import; ``CACHED`` for benchmarks), in the interpreter, while a
+# launch hook is registered (a profiler's), and for good after a launcher refuses the arguments (a Triton
+# whose launchers take others). Values other than 0 and 1 are refused at import, naming the variable.
 CACHED = read_env(os.environ, "FOX_KERNEL_CACHED_LAUNCH", parse_bool, "0 or 1", default=True)
 _BINDERS: dict[int, tuple] = {}  # id(kernel) -> (kernel, bind)
 _COMPILED: dict[tuple, object] = {}
