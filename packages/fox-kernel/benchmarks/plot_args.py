@@ -20,6 +20,12 @@ def plotted_from_json(args: argparse.Namespace, plot: Callable[[dict, str], None
         return False
     if not args.plot:
         raise SystemExit("--plot-from needs --plot PNG")
-    with open(args.plot_from) as f:
-        plot(json.load(f), args.plot)
+    try:
+        with open(args.plot_from) as f:
+            result = json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"--plot-from: no such file: {args.plot_from}") from None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--plot-from: {args.plot_from} is not JSON ({e})") from None
+    plot(result, args.plot)
     return True

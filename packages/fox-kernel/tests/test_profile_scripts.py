@@ -80,6 +80,20 @@ def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path):
         bench.plot(dict(env=run["env"]), str(tmp_path / "empty.png"))
 
 
+@pytest.mark.parametrize("text,message", [(None, "no such file"), ("{not json", "is not JSON")])
+def test_plot_from_a_missing_or_broken_file_is_one_clear_error(tmp_path, text, message):
+    import argparse
+
+    plot_args = _module("plot_args")
+    path = tmp_path / "run.json"
+    if text is not None:
+        path.write_text(text)
+    args = argparse.Namespace(plot_from=str(path), plot=str(tmp_path / "out.png"))
+    with pytest.raises(SystemExit, match=f"--plot-from: .*{message}"):
+        plot_args.plotted_from_json(args, lambda result, out: None)
+    assert not (tmp_path / "out.png").exists()
+
+
 @pytest.mark.parametrize("shift,bound", [(7.4, -10.0), (0.0, -3.0), (1.0, -6.0)])
 def test_kept_share_counts_tile_pairs_as_a_loop_does(shift, bound):
     overhead = _module("pruning_overhead")
