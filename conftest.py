@@ -18,7 +18,7 @@ import torch
 INTERPRETED_TEST = "test_interpreted.py::test_triton_kernels_in_the_interpreter"
 KERNEL_TESTS = Path(__file__).parent / "packages" / "fox-kernel" / "tests"
 INTERPRETED_FILES = ("test_forgetting_attention.py", "test_decode.py", "test_zero_and_nan_gates.py", "test_window.py",
-                     "test_prologue.py")
+                     "test_prologue.py", "test_zero_flags.py")
 INTERPRETED_RUN = pytest.StashKey[tuple]()
 """(subprocess.Popen, path of its output) of the interpreted kernel tests, once started."""
 

@@ -92,12 +92,15 @@ def worker() -> None:
                           host_us=host_us, tbps=row)))
 
 
-def run_tree(src: Path) -> dict:
+def run_tree(src: Path, script: Path = HERE, *worker_args: str) -> dict:
+    """The last JSON line of ``script --worker *worker_args`` run in a fresh process that imports fox_kernel
+    from ``src``."""
     paths = [str(src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "fox-kernel" not in p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-    done = subprocess.run([sys.executable, str(HERE), "--worker"], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(script), "--worker", *worker_args], env=env, capture_output=True,
+                          text=True)
     if done.returncode != 0:
-        raise SystemExit(f"decode_trees_ab.py: the run of {src} failed: {(done.stderr or done.stdout)[-2000:]}")
+        raise SystemExit(f"{script.name}: the run of {src} failed: {(done.stderr or done.stdout)[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/decode_trees_ab.py: its reference is the decoding call's result, and bad arguments stop it in
-one line."""
+"""benchmarks/decode_trees_ab.py and pruning_trees_ab.py: the decoding reference is the decoding call's
+result, and bad arguments stop either script in one line."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ import torch
 from fox_kernel import forgetting_attention_with_kvcache
 from fox_kernel.testing import decode_inputs
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_trees_ab.py"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPT = BENCHMARKS / "decode_trees_ab.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("decode_trees_ab", SCRIPT)
+def _module(name="decode_trees_ab"):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -35,8 +36,10 @@ def test_reference_is_the_decoding_call(B, T, H, Hkv, D):
     (["--before", "/nonexistent"], "--before must be a folder holding fox_kernel/"),
     (["--before", str(SCRIPT.parents[1] / "src"), "--rounds", "0"], "--rounds must be >= 1"),
 ])
-def test_bad_arguments_stop_in_one_line(monkeypatch, argv, message):
-    monkeypatch.setattr(sys, "argv", ["decode_trees_ab.py", *argv])
+@pytest.mark.parametrize("script", ["decode_trees_ab", "pruning_trees_ab"])
+def test_bad_arguments_stop_in_one_line(monkeypatch, argv, message, script):
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # pruning_trees_ab imports decode_trees_ab
     with pytest.raises(SystemExit) as stop:
-        _module().main()
+        _module(script).main()
     assert message in str(stop.value) and "\n" not in str(stop.value)

@@ -78,12 +78,15 @@ def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, 
         lf[0, Tk // 3, 1] = float("-inf")
     lf = lf.to(device)
     tensors = {"q and k": (q, k), "k": (k,), "none": ()}[norms]
-    c, z, nx, ny = prologue.forward_sums(lf, zeros, *tensors)
+    c, z, seen, nx, ny = prologue.forward_sums(lf, zeros, *tensors)
     want = sums.prefix_sums(lf, None, zeros=zeros)
-    want_c, want_z = want if zeros else (want, None)
-    assert torch.equal(c, want_c) and (z is None) == (not zeros)
-    if zeros:
+    want_c, want_z, want_seen = want if zeros else (want, None, None)
+    assert torch.equal(c, want_c) and (z is None) == (seen is None) == (not zeros)
+    if zeros:  # both kernels report the gate of 0
         assert torch.equal(z, want_z)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        assert not seen.clean() and not want_seen.clean() and seen.flag.item() == want_seen.flag.item() == -1
     summed = torch.where(torch.isneginf(lf), 0.0, lf).double()  # a gate of 0 adds 0
     torch.testing.assert_close(c, torch.cumsum(summed, dim=1).transpose(1, 2), rtol=1e-12, atol=1e-12)
     if norms == "q and k":

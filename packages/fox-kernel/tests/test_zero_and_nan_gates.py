@@ -2,7 +2,8 @@
 
 A gate of 0 at position z hides the keys before z from the queries at and after z; the rest stays
 finite. Every path handles it exactly: the reference and the PyTorch (CPU) path mask across it, the GPU
-kernels re-run the tiles it touches (``ops/zero_gates.py``). A NaN gate makes the rows that depend on it
+kernels re-run the tiles it touches (``ops/dispatch.py``), unless the prefix-sums kernel has reported
+that there is no such gate (``ops/zero_flags.py``). A NaN gate makes the rows that depend on it
 NaN, never zeros. test_interpreted.py runs this file again with TRITON_INTERPRET=1, where the Triton
 kernels run on the CPU.
 """
@@ -154,12 +155,22 @@ def _count_zero_gate_passes(monkeypatch) -> list[str]:
                          ids=["plain", "auto", "window", "seq_start", "cu_seqlens"])
 def test_promising_no_zero_gate_skips_its_passes_and_changes_nothing(monkeypatch, kw):
     """On gates without a 0, ``zero_gates=False`` gives the default call's output and gradients bit for bit
-    (and the reference's), and launches neither zero-gate pass, which the default launches (in the
-    interpreter; the PyTorch path has none)."""
+    (and the reference's), and launches neither zero-gate pass. Nor does the default call here: in the
+    interpreter a kernel has run when its launch returns, so the prefix sums' report that there is no gate
+    of 0 is in before the first pass is due (the PyTorch path has no passes). With a gate of 0 at the
+    first position (which hides no key) the report is clean too; with one further on, both passes run."""
     B = 1 if "cu_seqlens" in kw else 2
     q, k, v, lf = _inputs(B, 47, 47, 4, 2, 16, seed=7, zeros=0)
     launched = _count_zero_gate_passes(monkeypatch)
     default = _outputs_and_grads(q, k, v, lf, **kw)
+    assert launched == []
+    first = lf.clone()
+    first[:, 0] = float("-inf")
+    _outputs_and_grads(q, k, v, first, **kw)
+    assert launched == []
+    later = lf.clone()
+    later[-1, 40, 1] = float("-inf")
+    _outputs_and_grads(q, k, v, later, **kw)
     assert launched == (["forward_zero_gates", "backward_zero_gates"] if INTERPRET else [])
     launched.clear()
     promised = _outputs_and_grads(q, k, v, lf, zero_gates=False, **kw)

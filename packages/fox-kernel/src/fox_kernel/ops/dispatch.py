@@ -16,8 +16,10 @@
   re-run, exactly, what a gate of 0 changes: the query tiles with one at or before a row, and the key
   blocks some later query hides keys of (``fwd.forward_zero_gates``, ``bwd.backward_zero_gates``), each
   query masking the keys before its last gate of 0 as a window masks those before its edge. Reading the
-  gates on the host would wait for the GPU; instead every such pass is launched, and on gates without a
-  0 each program reads one number of ``z`` and returns (``benchmarks/bench_zero_gates.py``). A call whose
+  gates on the host would wait for the GPU; instead such a pass is launched unless the prefix-sums kernel
+  has already reported, without a synchronisation, that there was no gate of 0 (``zero_flags``: so the
+  passes are skipped where the GPU keeps up with the host), and on gates without a 0 each program of a
+  launched pass reads one number of ``z`` and returns (``benchmarks/bench_zero_gates.py``). A call whose
   caller promises no gate of 0 (``AttentionCall.zero_gates`` False) sums the gates without ``z`` and
   launches none of these passes (three launches fewer a forward and backward).
 
@@ -118,12 +120,19 @@ def backward_plan(q, call: AttentionCall) -> tuple[Backend, bool]:
 
 
 def _prefix_sums(log_fgate, call: AttentionCall):
-    """(c, z) of the GPU kernels: z None where the call promises no gate of 0."""
+    """(c, z, ticket) of the GPU kernels (``sums.prefix_sums``): z and the ticket None where the call promises
+    no gate of 0."""
     from fox_kernel.ops.triton import sums
 
     if call.zero_gates:
         return sums.prefix_sums(log_fgate, call.seq_start, zeros=True)
-    return sums.prefix_sums(log_fgate, call.seq_start), None
+    return sums.prefix_sums(log_fgate, call.seq_start), None, None
+
+
+def _zero_passes_due(z, seen) -> bool:
+    """Whether the passes for gates of exactly 0 must run: the call allows such gates and the prefix-sums
+    kernel has not reported that there was none (``zero_flags``)."""
+    return z is not None and not seen.clean()
 
 
 def forward(q, k, v, log_fgate, call: AttentionCall):
@@ -133,9 +142,9 @@ def forward(q, k, v, log_fgate, call: AttentionCall):
 
 
 def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
-    """``forward``'s (out, lse, threshold) and the GPU kernels' prefix sums ``(c, z)`` (None on the PyTorch
-    path), which ``backward`` takes instead of summing the gates again (one launch fewer; 12 bytes per row,
-    head and position kept)."""
+    """``forward``'s (out, lse, threshold) and the GPU kernels' prefix sums ``(c, z, ticket)`` (None on the
+    PyTorch path), which ``backward`` takes instead of summing the gates again (one launch fewer; 12 bytes
+    per row, head and position kept)."""
     threshold = call.threshold
     if q.numel() == 0:  # no query row: nothing to launch (a grid of 0 programs is no valid launch)
         B, Tq, H, _ = q.shape
@@ -157,18 +166,18 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
     if backend is Backend.GLUON:  # its prefix sums come from one launch with the norms it reads
         from fox_kernel.ops.gluon import host
 
-        out, lse, threshold, (c, z) = host.forward(q, k, v, log_fgate, call, fixed)
+        out, lse, threshold, (c, z, seen) = host.forward(q, k, v, log_fgate, call, fixed)
     else:
-        c, z = _prefix_sums(log_fgate, call)
+        c, z, seen = _prefix_sums(log_fgate, call)
         out, lse, threshold = fwd.forward(q, k, v, c, call, fixed)
-    if z is not None:
+    if _zero_passes_due(z, seen):
         fwd.forward_zero_gates(q, k, v, c, z, call, out, lse)
-    return out, lse, threshold, (c, z)
+    return out, lse, threshold, (c, z, seen)
 
 
 def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None):
     """(dq, dk, dv, dlog_fgate). ``call``: the backward's (``call.threshold`` the forward's returned
-    threshold, no "auto" tolerance). ``prefix``: the forward's prefix sums ``(c, z)``
+    threshold, no "auto" tolerance). ``prefix``: the forward's prefix sums ``(c, z, ticket)``
     (``forward_keeping_sums``), else the gates are summed again."""
     if q.numel() == 0:  # no query row: no gradient flows to anything
         return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape), log_fgate.new_zeros(log_fgate.shape)
@@ -179,7 +188,7 @@ def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None)
 
     if do.stride(-1) != 1:
         do = do.contiguous()
-    c, z = prefix if prefix is not None else _prefix_sums(log_fgate, call)
+    c, z, seen = prefix if prefix is not None else _prefix_sums(log_fgate, call)
     if backend is Backend.GLUON:  # its row dots come from one launch with its other small inputs
         from fox_kernel.ops.gluon import host
 
@@ -187,7 +196,7 @@ def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None)
     else:
         delta = sums.delta(out, do)
         grads = bwd.backward(do, q, k, v, c, lse, delta, call, one_pass)
-    if z is not None:
+    if _zero_passes_due(z, seen):
         bwd.backward_zero_gates(do, q, k, v, c, z, lse, delta, call, grads)
     dq, dk, dv, dc, dc_row = grads
     return dq, dk, dv, sums.gate_grad(dc, dc_row, call.seq_start, call.cu_seqlens)

@@ -118,7 +118,7 @@ class _EagerForgettingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, log_fgate, call: AttentionCall):
         out, lse, threshold, prefix = dispatch.forward_keeping_sums(q, k, v, log_fgate, call)
-        c, z = prefix if prefix is not None else (None, None)
+        c, z, ctx.zero_ticket = prefix if prefix is not None else (None, None, None)
         tensors, ctx.call_rest = call.saved(threshold)
         ctx.save_for_backward(q, k, v, log_fgate, out, lse, c, z, *tensors)
         return out
@@ -127,7 +127,8 @@ class _EagerForgettingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, log_fgate, out, lse, c, z, *tensors = ctx.saved_tensors
         call = AttentionCall.from_saved(tensors, ctx.call_rest)
-        grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, call, None if c is None else (c, z))
+        grads = dispatch.backward(dout, q, k, v, log_fgate, out, lse, call,
+                                  None if c is None else (c, z, ctx.zero_ticket))
         return *(g.contiguous() for g in grads), None
 
 

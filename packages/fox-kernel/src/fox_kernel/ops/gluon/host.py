@@ -32,8 +32,8 @@ from fox_kernel.pruning import bound
 
 
 def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
-    """(out, lse, threshold, (c, z)): the output, log-sum-exp, the threshold (the "auto" bound per head, or
-    the call's) and the prefix sums of the gates (``dispatch._prefix_sums``'s). With ``fixed`` each consumer
+    """(out, lse, threshold, (c, z, ticket)): the output, log-sum-exp, the threshold (the "auto" bound per
+    head, or the call's) and the prefix sums of the gates (``dispatch._prefix_sums``'s). With ``fixed`` each consumer
     runs its rows against a fixed softmax bound where one is tight enough (``kmax2``: the largest squared key
     norms), else the online softmax. With "auto" pruning it takes the per-head bound rather than the Triton
     forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does. The prefix
@@ -46,7 +46,8 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     auto = call.auto_log_eps is not None
     # the "auto" bound reads q and k, the fixed softmax bound k: the fixed bound's key norms come from the
     # same read of k as the pruning bound's
-    c, z, x_norms, y_norms = forward_sums(log_fgate, call.zero_gates, *((q, k) if auto else (k,) if fixed else ()))
+    norms_of = (q, k) if auto else (k,) if fixed else ()
+    c, z, seen, x_norms, y_norms = forward_sums(log_fgate, call.zero_gates, *norms_of)
     qn2, kn2 = (x_norms, y_norms) if auto else (None, x_norms)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
@@ -68,7 +69,7 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
         HEADS_FIRST=hf,
         num_warps=4,
     )
-    return out, lse, threshold, (c, z)
+    return out, lse, threshold, (c, z, seen)
 
 
 def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops import zero_flags
 from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.norms import NORM_ROWS, max_sq_norm_block, norm_outputs
 from fox_kernel.ops.triton.ranges import block_and_row, kept_range_block, range_tables, table_columns
@@ -106,15 +107,15 @@ def backward_prologue(out, do, c, threshold, Tk: int, clq_seg: int, clq_origin: 
 
 
 @triton.jit
-def _forward_sums_kernel(LF, C, Z, X, Y, OUT_X, OUT_Y, lf_strides, x_strides, y_strides, H, T, HX, HY, TX, TY, D,
-                         N_SUMS, ZEROS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORMS: tl.constexpr,
+def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, OUT_X, OUT_Y, lf_strides, x_strides, y_strides, H, T, HX, HY, TX, TY,
+                         D, N_SUMS, ZEROS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORMS: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Programs [0, N_SUMS): the prefix sums of one (row, head) each; with HAS_NORMS the rest: the largest
     squared row norms of X and Y, one (row, head) x BLOCK_T rows each (heads fastest)."""
     stride_lb, stride_lt, stride_lh = lf_strides
     pid = tl.program_id(0)
     if pid < N_SUMS:
-        prefix_sums_row(LF, None, C, Z, stride_lb, stride_lt, stride_lh, pid, H, T, False, ZEROS, BLOCK)
+        prefix_sums_row(LF, None, C, Z, FLAG, stride_lb, stride_lt, stride_lh, pid, H, T, False, ZEROS, BLOCK)
     else:
         if HAS_NORMS:
             sxb, sxt, sxh = x_strides
@@ -126,24 +127,27 @@ def _forward_sums_kernel(LF, C, Z, X, Y, OUT_X, OUT_Y, lf_strides, x_strides, y_
 
 
 def forward_sums(log_fgate, zeros: bool, x=None, y=None):
-    """(c, z, x's norms, y's norms), as ``sums.prefix_sums(log_fgate, None, zeros)`` (z None without
-    ``zeros``) and ``norms.max_sq_row_norms(x, y)`` give them (x's alone without y, y's None; both None
-    without x), from one launch. x (B, Tx, Hx, D), y (B, Ty, Hy, D) with log_fgate's batch."""
+    """(c, z, ticket, x's norms, y's norms), as ``sums.prefix_sums(log_fgate, None, zeros)`` (z and the
+    ticket None without ``zeros``) and ``norms.max_sq_row_norms(x, y)`` give them (x's alone without y, y's
+    None; both None without x), from one launch. x (B, Tx, Hx, D), y (B, Ty, Hy, D) with log_fgate's batch."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
+    seen = zero_flags.ticket(log_fgate.device) if zeros else None
     nx, ny = norm_outputs(x, y) if x is not None else (None, None)
     y_ = y if y is not None else x
     # (row, head) pairs of x and y times the row blocks of the longer, as max_sq_row_norms's grid
     n_norms = B * (_dim(x, 2) + _dim(y, 2)) * triton.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
     if B * H and T:
         launch.run(_forward_sums_kernel, (B * H + n_norms,),
-            log_fgate, c, z, x, y_, nx, ny, launch.strides(log_fgate), _strides(x), _strides(y_), H, T,
+            log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, launch.strides(log_fgate), _strides(x), _strides(y_), H, T,
             _dim(x, 2), _dim(y, 2), _dim(x, 1), _dim(y, 1), _dim(x, 3), B * H,
             ZEROS=zeros, BLOCK=scan_block(T), HAS_NORMS=x is not None, BLOCK_T=NORM_ROWS,
             BLOCK_D=launch.block_d(_dim(x, 3)), num_warps=4,
         )
-    return c, z, nx, ny if y is not None else None
+    if seen is not None:
+        seen.launched()
+    return c, z, seen, nx, ny if y is not None else None
 
 
 def _strides(x):

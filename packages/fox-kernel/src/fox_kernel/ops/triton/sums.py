@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops import zero_flags
 from fox_kernel.ops.constants import LOG2E
 from fox_kernel.ops.gates import gate_grad_from_dc
 from fox_kernel.ops.triton import launch
@@ -19,12 +20,13 @@ def _later(a, b):
 
 
 @triton.jit
-def prefix_sums_row(LF, SEQ_START, C, Z, stride_lb, stride_lt, stride_lh, pid, H, T, HAS_SEQ_START: tl.constexpr,
-                    ZEROS: tl.constexpr, BLOCK: tl.constexpr):
+def prefix_sums_row(LF, SEQ_START, C, Z, FLAG, stride_lb, stride_lt, stride_lh, pid, H, T,
+                    HAS_SEQ_START: tl.constexpr, ZEROS: tl.constexpr, BLOCK: tl.constexpr):
     """c (B, H, T) float64 = cumsum of log f (B, T, H) over T, zero before ``seq_start``, of (row, head)
     ``pid``: T scanned in BLOCK-long chunks, carrying the float64 running sum. With ZEROS a gate of exactly 0
     (log -inf) adds 0 to ``c`` and Z (B, H, T) int32 receives, per position, the last position at or before
-    it holding such a gate (0 if none): the first key that position's query may see."""
+    it holding such a gate (0 if none): the first key that position's query may see; where the row has
+    such a gate past position 0, FLAG (one int64, see ``ops/zero_flags.py``) receives -1."""
     b = pid // H
     h = pid % H
     src = LF + b.to(tl.int64) * stride_lb + h * stride_lh
@@ -43,15 +45,18 @@ def prefix_sums_row(LF, SEQ_START, C, Z, stride_lb, stride_lt, stride_lh, pid, H
             last_zero = tl.max(seen, 0)
         tl.store(dst + t, tl.cumsum(x, 0) + running, mask=t < T)
         running += tl.sum(x, 0)
+    if ZEROS:  # noqa: SIM102 (a compile-time test, then a run-time one)
+        if last_zero > 0:
+            tl.store(FLAG, -1)
 
 
 @triton.jit
-def _prefix_sums_kernel(LF, SEQ_START, C, Z, lf_strides, H, T, HAS_SEQ_START: tl.constexpr, ZEROS: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def _prefix_sums_kernel(LF, SEQ_START, C, Z, FLAG, lf_strides, H, T, HAS_SEQ_START: tl.constexpr,
+                        ZEROS: tl.constexpr, BLOCK: tl.constexpr):
     """``prefix_sums_row`` per program, one per (row, head)."""
     stride_lb, stride_lt, stride_lh = lf_strides
-    prefix_sums_row(LF, SEQ_START, C, Z, stride_lb, stride_lt, stride_lh, tl.program_id(0), H, T, HAS_SEQ_START,
-                    ZEROS, BLOCK)
+    prefix_sums_row(LF, SEQ_START, C, Z, FLAG, stride_lb, stride_lt, stride_lh, tl.program_id(0), H, T,
+                    HAS_SEQ_START, ZEROS, BLOCK)
 
 
 @triton.jit
@@ -89,16 +94,20 @@ def scan_block(T: int) -> int:
 def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: bool = False):
     """c = cumsum(log f) in float64, laid out (B, H, T), gates before ``seq_start`` zeroed, in one launch
     (a float64 cast and torch's cumsum were two, and that cumsum over a few long rows ran ~40 us at
-    T=16k, H=12 on an H200). With ``zeros``: (c, z), gates of exactly 0 counted as 0 in ``c`` and ``z``
-    (B, H, T) int32 the last such gate at or before each position (``ops/dispatch.py``)."""
+    T=16k, H=12 on an H200). With ``zeros``: (c, z, ticket), gates of exactly 0 counted as 0 in ``c``,
+    ``z`` (B, H, T) int32 the last such gate at or before each position (``ops/dispatch.py``) and the
+    kernel's report of whether there was one (``zero_flags.ZeroGateTicket``)."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
+    seen = zero_flags.ticket(log_fgate.device) if zeros else None
     if B * H and T:
-        launch.run(_prefix_sums_kernel, (B * H,), log_fgate, seq_start, c, z, launch.strides(log_fgate), H, T,
-                   HAS_SEQ_START=seq_start is not None, ZEROS=zeros, BLOCK=scan_block(T),
-                   num_warps=4)
-    return (c, z) if zeros else c
+        launch.run(_prefix_sums_kernel, (B * H,), log_fgate, seq_start, c, z, seen and seen.flag,
+                   launch.strides(log_fgate), H, T, HAS_SEQ_START=seq_start is not None, ZEROS=zeros,
+                   BLOCK=scan_block(T), num_warps=4)
+    if seen is not None:
+        seen.launched()
+    return (c, z, seen) if zeros else c
 
 
 def suffix_sums(dc: torch.Tensor, dc_row: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
