@@ -11,9 +11,10 @@ table and writes JSON: wall time per call, and the process's CPU time per call.
 ``--rounds N`` times every case N times, the cases in turn, and reports the medians (the hosts' spread
 between runs is wider than some of the differences measured here). ``--launch-ab`` times every case with the
 kernels' cached launches (``ops/triton/launch.run``) and through Triton's own launch path, in alternating
-rounds in this one process, and reports the median of each.
+rounds in this one process, and reports the median of each; ``--reports-ab`` likewise with the prefix sums'
+zero-gate reports read and not read (``ops/zero_flags.py``).
 
-    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] [--launch-ab]
+    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] [--launch-ab | --reports-ab]
 """
 
 from __future__ import annotations
@@ -57,11 +58,15 @@ def main(argv=None):
     ap.add_argument("--out", default="host_overhead.json")
     ap.add_argument("--official", help="path of the official pruning kernel's forgetting_attention.py (needs einops): "
                     "adds its fwd+bwd through autograd, exact and with a per-head bound")
-    ap.add_argument("--launch-ab", action="store_true",
+    ab = ap.add_mutually_exclusive_group()
+    ab.add_argument("--launch-ab", action="store_true",
                     help="each case with cached launches and through Triton's launch path, alternating rounds")
+    ab.add_argument("--reports-ab", action="store_true",
+                    help="each case with the prefix sums' zero-gate reports read (zero-gate passes skipped once a "
+                         "clean report is in) and not read (passes always launched), alternating rounds")
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds: every case once per round, the cases in turn; each row is the median over rounds "
-                         "(--launch-ab: 3 if not given)")
+                         "(--launch-ab, --reports-ab: 3 if not given)")
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions (own time) of the autograd calls (zero_gates=False, without "
                          "and with the auto bound; with a per-head bound)")
@@ -144,18 +149,27 @@ def main(argv=None):
 
         cases["official fwd+bwd (autograd)"] = lambda: official(None)
         cases["official fwd+bwd, per-head bound (autograd)"] = lambda: official(per_head)
-    rounds = args.rounds if args.rounds is not None else 3 if args.launch_ab else 1
+    switch = None
+    if args.launch_ab:
+        from fox_kernel.ops.triton import launch
+
+        switch = (launch, "CACHED", "host_us_triton_launch", "cached us", "Triton us")
+    elif args.reports_ab:
+        from fox_kernel.ops import zero_flags
+
+        switch = (zero_flags, "USED", "host_us_reports_unread", "read us", "unread us")
+    rounds = args.rounds if args.rounds is not None else 3 if switch else 1
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
-    rows = launch_ab(cases, args.calls, rounds) if args.launch_ab else in_rounds(cases, args.calls, rounds)
+    rows = switch_ab(cases, args.calls, rounds, *switch[:3]) if switch else in_rounds(cases, args.calls, rounds)
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                python=platform.python_version(), cpu=platform.processor() or platform.machine())
     print(" | ".join(f"{k}={v}" for k, v in env.items()) + f" | T={T} H={H} D={D} bf16")
-    if args.launch_ab:
-        print(f"{'case':56s} {'cached us':>10s} {'Triton us':>10s} {'ratio':>6s}")
+    if switch:
+        off_key, on_label, off_label = switch[2:]
+        print(f"{'case':72s} {on_label:>10s} {off_label:>10s} {'ratio':>6s}")
         for r in rows:
-            print(f"{r['case']:56s} {r['host_us']:10.1f} {r['host_us_triton_launch']:10.1f} "
-                  f"{r['host_us'] / r['host_us_triton_launch']:6.3f}")
+            print(f"{r['case']:72s} {r['host_us']:10.1f} {r[off_key]:10.1f} {r['host_us'] / r[off_key]:6.3f}")
     else:
         print(f"{'case':72s} {'host us/call':>12s} {'CPU us/call':>12s}")
         for r in rows:
@@ -192,25 +206,23 @@ def in_rounds(cases, calls: int, rounds: int) -> list[dict]:
                  rounds=wall[name]) for name in cases]
 
 
-def launch_ab(cases, calls: int, rounds: int) -> list[dict]:
-    """Per case, the median host time over ``rounds`` rounds with the cached launches (``host_us``) and
-    through Triton's launch path (``host_us_triton_launch``), the two alternating within each round."""
+def switch_ab(cases, calls: int, rounds: int, module, attribute: str, off_key: str) -> list[dict]:
+    """Per case, the median host time over ``rounds`` rounds with ``module.attribute`` True (``host_us``) and
+    False (``off_key``), the two alternating within each round."""
     import statistics
 
-    from fox_kernel.ops.triton import launch
-
     times = {name: {True: [], False: []} for name in cases}
-    before = launch.CACHED
+    before = getattr(module, attribute)
     try:
         for _ in range(rounds):
             for name, fn in cases.items():
-                for cached in (False, True):
-                    launch.CACHED = cached
-                    times[name][cached].append(host_us(fn, calls))
+                for on in (False, True):
+                    setattr(module, attribute, on)
+                    times[name][on].append(host_us(fn, calls))
     finally:
-        launch.CACHED = before
-    return [dict(case=name, host_us=statistics.median(t[True]), host_us_triton_launch=statistics.median(t[False]),
-                 rounds=dict(cached=t[True], triton=t[False])) for name, t in times.items()]
+        setattr(module, attribute, before)
+    return [dict(case=name, host_us=statistics.median(t[True]), **{off_key: statistics.median(t[False])},
+                 rounds=dict(on=t[True], off=t[False])) for name, t in times.items()]
 
 
 def python_profile(fn, calls: int) -> list[dict]:

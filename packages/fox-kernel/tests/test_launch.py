@@ -136,8 +136,9 @@ def test_the_environment_switch(value, cached):
     assert out.stdout.strip() == str(cached)
 
 
-def test_a_bad_environment_switch_is_refused_naming_it():
-    env = dict(os.environ, FOX_KERNEL_CACHED_LAUNCH="yes")
+@pytest.mark.parametrize("variable", ["FOX_KERNEL_CACHED_LAUNCH", "FOX_KERNEL_ZERO_REPORTS"])
+def test_a_bad_environment_switch_is_refused_naming_it(variable):
+    env = dict(os.environ, **{variable: "yes"})
     out = subprocess.run([sys.executable, "-c", "import fox_kernel"], env=env, capture_output=True, text=True)
     assert out.returncode != 0
-    assert "FOX_KERNEL_CACHED_LAUNCH must be 0 or 1, got 'yes'" in out.stderr
+    assert f"{variable} must be 0 or 1, got 'yes'" in out.stderr

@@ -185,3 +185,10 @@ def test_cuda_a_captured_graph_keeps_the_passes_for_gates_it_has_not_seen():
     assert torch.equal(out, eager)
     want = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
     assert (out.double() - want).abs().max() < 0.05
+
+
+def test_with_the_reports_off_no_ticket_is_clean(monkeypatch):
+    """``FOX_KERNEL_ZERO_REPORTS=0`` (``zero_flags.USED`` False): every pass launches."""
+    monkeypatch.setattr(zero_flags, "USED", False)
+    ticket = zero_flags.ticket(torch.device("cpu"))
+    assert not ticket.clean() and ticket.flag.numel() == 1

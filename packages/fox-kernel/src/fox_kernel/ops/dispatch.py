@@ -35,6 +35,7 @@ import enum
 
 import torch
 
+from fox_kernel.ops import zero_flags
 from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
@@ -129,7 +130,7 @@ def _prefix_sums(log_fgate, call: AttentionCall):
     return sums.prefix_sums(log_fgate, call.seq_start), None, None
 
 
-def _zero_passes_due(z, seen) -> bool:
+def _zero_passes_due(z, seen: zero_flags.ZeroGateTicket | None) -> bool:
     """Whether the passes for gates of exactly 0 must run: the call allows such gates and the prefix-sums
     kernel has not reported that there was none (``zero_flags``)."""
     return z is not None and not seen.clean()

@@ -25,9 +25,15 @@ needed.
 from __future__ import annotations
 
 import itertools
+import os
 
 import torch
 
+from fox_kernel.options import parse_bool, read_env
+
+USED = read_env(os.environ, "FOX_KERNEL_ZERO_REPORTS", parse_bool, "0 or 1", default=True)
+"""Whether the host reads the reports (``FOX_KERNEL_ZERO_REPORTS``, read at import; set for benchmarks). Off,
+every ticket stays unclean and every zero-gate pass launches; the kernel still writes its report."""
 SLOTS = 1024
 """Slots per device: a call's slot is taken again 1024 calls later (its passes then simply launch)."""
 _WORDS = 2  # int64 words per slot: 16-byte aligned slots, so every slot's pointer specialises alike
@@ -63,7 +69,7 @@ class ZeroGateTicket:
 
     def __init__(self, ring: _Ring, number: int | None):
         self._ring, self._event = ring, None
-        if number is None:  # taken while a graph is captured: never clean
+        if number is None:  # taken while a graph is captured, or with the reports off: never clean
             self._slot = self._number = None
             self.flag = ring.view(SLOTS)
             return
@@ -95,6 +101,6 @@ def ticket(device: torch.device) -> ZeroGateTicket:
     ring = _RINGS.get(key)
     if ring is None:
         ring = _RINGS[key] = _Ring(device)
-    if cuda and torch.cuda.is_current_stream_capturing():
+    if not USED or (cuda and torch.cuda.is_current_stream_capturing()):
         return ZeroGateTicket(ring, None)
     return ZeroGateTicket(ring, next(_NUMBERS))
