@@ -192,3 +192,31 @@ def test_with_the_reports_off_no_ticket_is_clean(monkeypatch):
     monkeypatch.setattr(zero_flags, "USED", False)
     ticket = zero_flags.ticket(torch.device("cpu"))
     assert not ticket.clean() and ticket.flag.numel() == 1
+
+
+def test_a_forward_reported_clean_keeps_neither_z_nor_its_ticket(monkeypatch):
+    """The forward's prefix sums for the backward: on gates reported free of 0 only ``c`` (the backward then
+    launches no zero-gate pass and the saved tensors lose z); with a gate of 0, z and its ticket too."""
+    from fox_kernel.ops import dispatch
+    from fox_kernel.ops.call import AttentionCall
+    from fox_kernel.options import KernelOptions
+
+    device = _triton_device()
+    if device.type == "cuda":  # the report is in when the host asks (the GPU waited for)
+        original = zero_flags.ZeroGateTicket.launched
+
+        def waited(self):
+            original(self)
+            torch.cuda.synchronize()
+
+        monkeypatch.setattr(zero_flags.ZeroGateTicket, "launched", waited)
+    g = torch.Generator().manual_seed(11)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    q, k, v = (torch.randn(2, 45, 3, 16, generator=g).to(device, dtype) for _ in range(3))
+    lf = F.logsigmoid(torch.randn(2, 45, 3, generator=g) + 2.0).to(device)
+    call = AttentionCall(0.25, options=KernelOptions(), zero_gates=True)
+    c, z, seen = dispatch.forward_keeping_sums(q, k, v, lf, call)[3]
+    assert c is not None and z is None and seen is None
+    lf[1, 30, 2] = float("-inf")
+    c, z, seen = dispatch.forward_keeping_sums(q, k, v, lf, call)[3]
+    assert int(z.max()) == 30 and not seen.clean()

@@ -145,7 +145,7 @@ def forward(q, k, v, log_fgate, call: AttentionCall):
 def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
     """``forward``'s (out, lse, threshold) and the GPU kernels' prefix sums ``(c, z, ticket)`` (None on the
     PyTorch path), which ``backward`` takes instead of summing the gates again (one launch fewer; 12 bytes
-    per row, head and position kept)."""
+    per row, head and position kept, 8 where the gates were reported free of 0: z and the ticket None)."""
     threshold = call.threshold
     if q.numel() == 0:  # no query row: nothing to launch (a grid of 0 programs is no valid launch)
         B, Tq, H, _ = q.shape
@@ -173,6 +173,8 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
         out, lse, threshold = fwd.forward(q, k, v, c, call, fixed)
     if _zero_passes_due(z, seen):
         fwd.forward_zero_gates(q, k, v, c, z, call, out, lse)
+    elif z is not None:  # reported clean: the backward needs neither z nor its passes (nor to keep z)
+        z = seen = None
     return out, lse, threshold, (c, z, seen)
 
 
