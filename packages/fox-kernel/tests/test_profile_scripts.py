@@ -66,12 +66,14 @@ def test_ncu_plot_draws_a_png(tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path):
+@pytest.mark.parametrize("cited", ["bench-attention-zero-reports-h200-2026-11-28.json",  # without FlexAttention
+                                   "bench-attention-official-h200-2026-11-28.json"])
+def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path, cited):
     pytest.importorskip("matplotlib")
     import json
 
     bench = _module("bench_attention")
-    run = json.loads((BENCH / "bench-attention-official-h200-2026-11-28.json").read_text())
+    run = json.loads((BENCH / cited).read_text())
     for name, result in (("whole", run), ("attention-only", dict(env=run["env"], attention=run["attention"][:3]))):
         path = tmp_path / f"{name}.png"
         bench.plot(result, str(path))
