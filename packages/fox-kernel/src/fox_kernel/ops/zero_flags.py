@@ -2,8 +2,9 @@
 
 After every forward and backward whose caller allows gates of 0 (``AttentionCall.zero_gates``), passes
 re-run what such gates change (``dispatch``). On gates without a 0 their programs read one number and return,
-yet each launch costs the host what an attention launch does (70-290 us a pass on an H200 host), and where a
-call's GPU work is short the host's time is what the call takes. So the prefix-sums kernel, which finds the
+yet each launch costs the host what an attention launch does (the three of a forward+backward 50-190 us on an
+H200 host, ``benchmarks/host_overhead.py --reports-ab``), and where a call's GPU work is short the host's time
+is what the call takes. So the prefix-sums kernel, which finds the
 zeros, also reports them, and a pass whose report has come back clean is not launched:
 
 * Before the launch the host takes a ticket: a fresh number, written into a slot of a small buffer in pinned
