@@ -104,28 +104,47 @@ def run_tree(src: Path, script: Path = HERE, *worker_args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def tree_args(doc: str, rounds: int, out: str) -> argparse.ArgumentParser:
+    """The command line both tree comparisons share: --before, --rounds, --out (and the hidden --worker)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--before", type=Path, help="the other tree's fox-kernel src folder")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="decode-trees-ab.json")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--out", default=out)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.worker:
-        return worker()
+    return ap
+
+
+def interleaved_rounds(args, script: Path, describe, *worker_args: str) -> dict:
+    """{"before": [...], "after": [...]}: ``args.rounds`` rounds, each one fresh process of ``script``'s worker per
+    tree, the trees in turn; ``describe(result)`` is printed after each. Bad --before or --rounds stop it in
+    one line."""
     if args.before is None or not (args.before / "fox_kernel").is_dir():
-        raise SystemExit(f"decode_trees_ab.py: --before must be a folder holding fox_kernel/, got {args.before}")
+        raise SystemExit(f"{script.name}: --before must be a folder holding fox_kernel/, got {args.before}")
     if args.rounds < 1:
-        raise SystemExit(f"decode_trees_ab.py: --rounds must be >= 1, got {args.rounds}")
+        raise SystemExit(f"{script.name}: --rounds must be >= 1, got {args.rounds}")
     trees = {"before": args.before.resolve(), "after": AFTER}
     rounds = {name: [] for name in trees}
     for r in range(args.rounds):
         for name, src in trees.items():
-            rounds[name].append(run_tree(src))
-            last = rounds[name][-1]
-            print(f"round {r + 1} {name}: host {last['host_us']:.0f} us/call; " + ", ".join(
-                f"{s} {v['ours']:.2f} (graph {v['ours_graph']:.2f}; SDPA {v['sdpa']:.2f})" for s, v in last["tbps"].items()),
-                flush=True)
+            rounds[name].append(run_tree(src, script, *worker_args))
+            print(f"round {r + 1} {name}: {describe(rounds[name][-1])}", flush=True)
+    return rounds
+
+
+def save_rounds(args, rounds: dict, summary: dict) -> None:
+    """Writes the comparison's JSON: the GPU and versions of its first round, the summary and every round."""
+    env = {k: rounds["after"][0][k] for k in ("gpu", "torch", "triton")}
+    with open(args.out, "w") as f:
+        json.dump(dict(env=env, before=str(args.before), summary=summary, rounds=rounds), f, indent=1)
+
+
+def main() -> None:
+    args = tree_args(__doc__, 3, "decode-trees-ab.json").parse_args()
+    if args.worker:
+        return worker()
+    rounds = interleaved_rounds(args, HERE, lambda last: f"host {last['host_us']:.0f} us/call; " + ", ".join(
+        f"{s} {v['ours']:.2f} (graph {v['ours_graph']:.2f}; SDPA {v['sdpa']:.2f})" for s, v in last["tbps"].items()))
+    trees = list(rounds)
     summary = {name: dict(host_us=statistics.median(r["host_us"] for r in rounds[name])) for name in trees}
     print(f"host time per call (us): before {summary['before']['host_us']:.0f}, after {summary['after']['host_us']:.0f}")
     print(f"{'shape':14} {'mode':6} {'before':>7} {'after':>7} {'SDPA':>7} {'after/SDPA':>10}  (TB/s, medians of the rounds)")
@@ -136,9 +155,7 @@ def main() -> None:
             summary.setdefault(shape, {})[mode] = dict(before=med["before"], after=med["after"], sdpa=sdpa,
                                                        after_over_sdpa=med["after"] / sdpa)
             print(f"{shape:14} {mode:6} {med['before']:7.2f} {med['after']:7.2f} {sdpa:7.2f} {med['after'] / sdpa:10.3f}")
-    env = {k: rounds["after"][0][k] for k in ("gpu", "torch", "triton")}
-    with open(args.out, "w") as f:
-        json.dump(dict(env=env, before=str(args.before), summary=summary, rounds=rounds), f, indent=1)
+    save_rounds(args, rounds, summary)
 
 
 if __name__ == "__main__":

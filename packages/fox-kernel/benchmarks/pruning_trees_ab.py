@@ -16,13 +16,12 @@ JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 
-from decode_trees_ab import AFTER, run_tree
+from decode_trees_ab import interleaved_rounds, save_rounds, tree_args
 
 HERE = Path(__file__).resolve()
 CALLS = ("ours auto", "ours auto, zero_gates=False", "official per-head")
@@ -76,27 +75,15 @@ def worker(official: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--before", type=Path, help="the other tree's fox-kernel src folder")
+    ap = tree_args(__doc__, 2, "pruning-trees-ab.json")
     ap.add_argument("--official", default="", help="the official kernel's forgetting_attention.py (needs einops)")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default="pruning-trees-ab.json")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args.official or None)
-    if args.before is None or not (args.before / "fox_kernel").is_dir():
-        raise SystemExit(f"pruning_trees_ab.py: --before must be a folder holding fox_kernel/, got {args.before}")
-    if args.rounds < 1:
-        raise SystemExit(f"pruning_trees_ab.py: --rounds must be >= 1, got {args.rounds}")
-    trees = {"before": args.before.resolve(), "after": AFTER}
-    rounds = {name: [] for name in trees}
     official = ["--official", str(Path(args.official).resolve())] if args.official else []
-    for r in range(args.rounds):
-        for name, src in trees.items():
-            rounds[name].append(run_tree(src, HERE, *official))
-            print(f"round {r + 1} {name}: host {rounds[name][-1]['host_us']:.0f} us per small forward+backward",
-                  flush=True)
+    rounds = interleaved_rounds(args, HERE, lambda last: f"host {last['host_us']:.0f} us per small forward+backward",
+                                *official)
+    trees = list(rounds)
     summary = {name: dict(host_us=statistics.median(r["host_us"] for r in rounds[name])) for name in trees}
     print(f"host time of one default forward+backward, T=256 (us): before {summary['before']['host_us']:.0f}, "
           f"after {summary['after']['host_us']:.0f}")
@@ -105,9 +92,7 @@ def main() -> None:
         med = {name: statistics.median(r["cells"][cell]["ms"] for r in rounds[name]) for name in trees}
         summary[cell] = dict(before_ms=med["before"], after_ms=med["after"])
         print(f"{cell:44} {med['before']:9.3f} {med['after']:9.3f} {med['after'] / med['before']:12.3f}")
-    env = {k: rounds["after"][0][k] for k in ("gpu", "torch", "triton")}
-    with open(args.out, "w") as f:
-        json.dump(dict(env=env, before=str(args.before), summary=summary, rounds=rounds), f, indent=1)
+    save_rounds(args, rounds, summary)
 
 
 if __name__ == "__main__":
