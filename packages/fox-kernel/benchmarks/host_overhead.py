@@ -14,7 +14,8 @@ kernels' cached launches (``ops/triton/launch.run``) and through Triton's own la
 rounds in this one process, and reports the median of each; ``--reports-ab`` likewise with the prefix sums'
 zero-gate reports read and not read (``ops/zero_flags.py``).
 
-    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] [--launch-ab | --reports-ab]
+    python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] \\
+        [--launch-ab | --reports-ab]
 """
 
 from __future__ import annotations

@@ -125,14 +125,16 @@ def _inputs(B, T, H, D, dtype, seed=0):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("D, kw", [(64, {}), (128, {}), (64, {"adaptive_threshold": "auto"}),
-                                   (128, {"adaptive_threshold": "auto"}), (64, {"options": KernelOptions(gluon=False)})],
+                                   (128, {"adaptive_threshold": "auto"}),
+                                   (64, {"options": KernelOptions(gluon=False)})],
                          ids=["d64", "d128", "d64-auto", "d128-auto", "d64-triton"])
 def test_cuda_passes_are_skipped_only_on_a_clean_report_and_skipping_changes_nothing(monkeypatch, D, kw):
     """bf16, gates without a 0, the Gluon kernels and the Triton ones. With the GPU held busy
     (``torch.cuda._sleep``) the report cannot be in when the passes are due: both launch. (A call whose
-    checks read a tensor on the host, ``seq_start`` say, waits for the GPU there, and then its report is in.) With the report waited for (the ticket synchronises after its launch):
-    neither launches. Both give the output and gradients of ``zero_gates=False`` bit for bit. A gate of 0
-    placed later is reported, both passes launch, and the result is the reference's."""
+    checks read a tensor on the host, ``seq_start`` say, waits for the GPU there, and then its report is
+    in.) With the report waited for (the ticket synchronises after its launch): neither launches. Both
+    give the output and gradients of ``zero_gates=False`` bit for bit. A gate of 0 placed later is
+    reported, both passes launch, and the result is the reference's."""
     q, k, v, lf = _inputs(2, 300, 4, D, torch.bfloat16, seed=D)
     promised = _run(q, k, v, lf, zero_gates=False, **kw)
     with_zero = lf.clone()

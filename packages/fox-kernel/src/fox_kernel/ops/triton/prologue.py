@@ -140,7 +140,8 @@ def forward_sums(log_fgate, zeros: bool, x=None, y=None):
     n_norms = B * (_dim(x, 2) + _dim(y, 2)) * triton.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
     if B * H and T:
         launch.run(_forward_sums_kernel, (B * H + n_norms,),
-            log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, launch.strides(log_fgate), _strides(x), _strides(y_), H, T,
+            log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, launch.strides(log_fgate), _strides(x),
+            _strides(y_), H, T,
             _dim(x, 2), _dim(y, 2), _dim(x, 1), _dim(y, 1), _dim(x, 3), B * H,
             ZEROS=zeros, BLOCK=scan_block(T), HAS_NORMS=x is not None, BLOCK_T=NORM_ROWS,
             BLOCK_D=launch.block_d(_dim(x, 3)), num_warps=4,
