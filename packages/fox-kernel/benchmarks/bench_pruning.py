@@ -30,6 +30,11 @@ GATES = {"fast (mean log f ~ -0.18)": 1.7, "medium (mean log f ~ -0.018)": 4.0, 
 SHAPES = [(1, 16384, 16, 128), (1, 16384, 32, 64)]
 
 
+def gate_shift(speed: str) -> float:
+    """The shift of GATES' "fast", "medium" or "slow" gates."""
+    return next(shift for label, shift in GATES.items() if label.startswith(speed))
+
+
 def _flops(B, H, T, D, mode):
     fwd = 4 * B * H * T * T * D / 2
     return fwd * (3.5 if mode == "fwd+bwd" else 1.0)

@@ -20,18 +20,18 @@ import statistics
 import torch
 import triton
 from bench_pruning import (  # this folder's: inputs, capture, timing
-    GATES,
     _inputs,
     alternate,
     alternating_args,
     capture_graph,
+    gate_shift,
 )
 
 from fox_kernel import current_options, forgetting_attention
 from fox_kernel.ops.triton import launch
 
 SHAPES = [(1, 16384, 16, 128), (1, 16384, 32, 64), (4, 4096, 16, 128)]
-SLOW = next(shift for label, shift in GATES.items() if label.startswith("slow"))
+SLOW = gate_shift("slow")
 
 # name -> (fn(q, k, v, lf, per-head bound), the exact call it is measured against)
 VARIANTS = {

@@ -31,12 +31,12 @@ def worker(official: str) -> None:
     """One round in this process, printed as one JSON line."""
     import torch
     import triton
-    from bench_pruning import GATES, SHAPES, _flops, _inputs, _time, contenders
+    from bench_pruning import SHAPES, _flops, _inputs, _time, contenders, gate_shift
 
     from fox_kernel import forgetting_attention
 
     fns = contenders(official)
-    fast = next(shift for label, shift in GATES.items() if label.startswith("fast"))
+    fast = gate_shift("fast")
     # the default call against fox-layers' on gates without a 0: the same output and gradients
     q, k, v, lf, _ = _inputs(1, 1024, 4, 64, fast)
     got = []

@@ -20,7 +20,7 @@ import statistics
 
 import torch
 import triton
-from bench_pruning import GATES, SHAPES, _inputs, _time, contenders
+from bench_pruning import SHAPES, _inputs, _time, contenders, gate_shift
 
 from fox_kernel.ops import zero_flags
 
@@ -40,7 +40,7 @@ def main() -> None:
         raise SystemExit("zero_reports_ab.py needs a CUDA GPU")
     fns = contenders(args.official)
     calls = {label: c for label, c in CALLS.items() if c[0] in fns}
-    fast = next(shift for label, shift in GATES.items() if label.startswith("fast"))
+    fast = gate_shift("fast")
     times: dict[str, list[float]] = {}
     used = zero_flags.USED
     try:

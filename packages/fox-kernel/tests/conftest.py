@@ -20,3 +20,21 @@ def device_dtype(request):
         pytest.skip("needs a CUDA GPU")
     return torch.device(device), dtype
 
+
+
+@pytest.fixture
+def zero_gate_passes(monkeypatch) -> list[str]:
+    """The zero-gate passes launched during the test, by name (``triton/fwd.py``, ``triton/bwd.py``)."""
+    from fox_kernel.ops.triton import bwd, fwd
+
+    launched = []
+
+    def spy(name, original):
+        def counting(*args):
+            launched.append(name)
+            return original(*args)
+        return counting
+
+    for module, name in ((fwd, "forward_zero_gates"), (bwd, "backward_zero_gates")):
+        monkeypatch.setattr(module, name, spy(name, getattr(module, name)))
+    return launched

@@ -132,28 +132,11 @@ def _outputs_and_grads(q, k, v, lf, device="cpu", dtype=torch.float32, attend=fo
     return (out.detach(), *torch.autograd.grad(out, ins, do))
 
 
-def _count_zero_gate_passes(monkeypatch) -> list[str]:
-    """The zero-gate passes launched from now on, by name (``triton/fwd.py``, ``triton/bwd.py``)."""
-    from fox_kernel.ops.triton import bwd, fwd
-
-    launched = []
-
-    def spy(name, original):
-        def counting(*args):
-            launched.append(name)
-            return original(*args)
-        return counting
-
-    for module, name in ((fwd, "forward_zero_gates"), (bwd, "backward_zero_gates")):
-        monkeypatch.setattr(module, name, spy(name, getattr(module, name)))
-    return launched
-
-
 @pytest.mark.parametrize("kw", [{}, {"adaptive_threshold": "auto"}, {"window_size": 9},
                                 {"seq_start": torch.tensor([0, 6])},
                                 {"cu_seqlens": torch.tensor([0, 19, 47], dtype=torch.int32)}],
                          ids=["plain", "auto", "window", "seq_start", "cu_seqlens"])
-def test_promising_no_zero_gate_skips_its_passes_and_changes_nothing(monkeypatch, kw):
+def test_promising_no_zero_gate_skips_its_passes_and_changes_nothing(zero_gate_passes, kw):
     """On gates without a 0, ``zero_gates=False`` gives the default call's output and gradients bit for bit
     (and the reference's), and launches neither zero-gate pass. Nor does the default call here: in the
     interpreter a kernel has run when its launch returns, so the prefix sums' report that there is no gate
@@ -161,7 +144,7 @@ def test_promising_no_zero_gate_skips_its_passes_and_changes_nothing(monkeypatch
     first position (which hides no key) the report is clean too; with one further on, both passes run."""
     B = 1 if "cu_seqlens" in kw else 2
     q, k, v, lf = _inputs(B, 47, 47, 4, 2, 16, seed=7, zeros=0)
-    launched = _count_zero_gate_passes(monkeypatch)
+    launched = zero_gate_passes
     default = _outputs_and_grads(q, k, v, lf, **kw)
     assert launched == []
     first = lf.clone()

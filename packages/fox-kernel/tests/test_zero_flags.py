@@ -87,19 +87,15 @@ def test_the_prefix_sums_report_exactly_the_gates_of_0_that_hide_keys(B, T, H, w
         assert torch.equal(c2, c) and torch.equal(z2, z) and seen2.clean() == seen.clean()
 
 
-def _count_passes(monkeypatch) -> list[str]:
-    from fox_kernel.ops.triton import bwd, fwd
+def _reports_waited_for(monkeypatch):
+    """From now on every ticket's report is in when the host asks: the GPU is waited for after each launch."""
+    launch = zero_flags.ZeroGateTicket.launched
 
-    launched = []
-    for module, name in ((fwd, "forward_zero_gates"), (bwd, "backward_zero_gates")):
-        original = getattr(module, name)
+    def waited(self):
+        launch(self)
+        torch.cuda.synchronize()
 
-        def counting(*args, _name=name, _original=original):
-            launched.append(_name)
-            return _original(*args)
-
-        monkeypatch.setattr(module, name, counting)
-    return launched
+    monkeypatch.setattr(zero_flags.ZeroGateTicket, "launched", waited)
 
 
 def _upstream(q):
@@ -128,7 +124,8 @@ def _inputs(B, T, H, D, dtype, seed=0):
                                    (128, {"adaptive_threshold": "auto"}),
                                    (64, {"options": KernelOptions(gluon=False)})],
                          ids=["d64", "d128", "d64-auto", "d128-auto", "d64-triton"])
-def test_cuda_passes_are_skipped_only_on_a_clean_report_and_skipping_changes_nothing(monkeypatch, D, kw):
+def test_cuda_passes_are_skipped_only_on_a_clean_report_and_skipping_changes_nothing(monkeypatch, zero_gate_passes,
+                                                                                      D, kw):
     """bf16, gates without a 0, the Gluon kernels and the Triton ones. With the GPU held busy
     (``torch.cuda._sleep``) the report cannot be in when the passes are due: both launch. (A call whose
     checks read a tensor on the host, ``seq_start`` say, waits for the GPU there, and then its report is
@@ -140,20 +137,14 @@ def test_cuda_passes_are_skipped_only_on_a_clean_report_and_skipping_changes_not
     with_zero = lf.clone()
     with_zero[1, 200, 2] = float("-inf")
     _run(q, k, v, with_zero, **kw)  # every kernel compiled before the GPU is held busy
-    launched = _count_passes(monkeypatch)
+    launched = zero_gate_passes
     do = _upstream(q)
     torch.cuda.synchronize()
     torch.cuda._sleep(500_000_000)  # ~0.25 s of GPU time queued ahead of the call
     busy = _run(q, k, v, lf, do, **kw)
     assert launched == ["forward_zero_gates", "backward_zero_gates"]
     launched.clear()
-    launch_and_wait = zero_flags.ZeroGateTicket.launched
-
-    def waited(self):
-        launch_and_wait(self)
-        torch.cuda.synchronize()
-
-    monkeypatch.setattr(zero_flags.ZeroGateTicket, "launched", waited)
+    _reports_waited_for(monkeypatch)
     idle = _run(q, k, v, lf, **kw)
     assert launched == []
     for name, a, b, c in zip(("out", "dq", "dk", "dv", "dlog_fgate"), promised, busy, idle):
@@ -204,14 +195,8 @@ def test_a_forward_reported_clean_keeps_neither_z_nor_its_ticket(monkeypatch):
     from fox_kernel.options import KernelOptions
 
     device = _triton_device()
-    if device.type == "cuda":  # the report is in when the host asks (the GPU waited for)
-        original = zero_flags.ZeroGateTicket.launched
-
-        def waited(self):
-            original(self)
-            torch.cuda.synchronize()
-
-        monkeypatch.setattr(zero_flags.ZeroGateTicket, "launched", waited)
+    if device.type == "cuda":
+        _reports_waited_for(monkeypatch)
     g = torch.Generator().manual_seed(11)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     q, k, v = (torch.randn(2, 45, 3, 16, generator=g).to(device, dtype) for _ in range(3))
