@@ -11,9 +11,11 @@ tables and writes JSON, rewritten after every row (a run cut short keeps what it
 Calls are eager (the host's Python and launches included: what a plain PyTorch loop sees). With ``--graph``
 every contender's attention and pruning cell is also timed replayed from a CUDA graph captured once (the GPU time alone,
 ``bench_pruning.py``'s capture), as a second table and the JSON keys "NAME graph": where a contender's eager
-cell is below its graph cell, that call waits on its host.
+cell is below its graph cell, that call waits on its host. ``--rounds N`` times each pruning cell's eager
+calls N times, the contenders in turn, and reports the medians.
 
-    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH] [--graph]
+    python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH] [--graph] \\
+        [--rounds 5]
     python packages/fox-kernel/benchmarks/bench_attention.py --plot-from bench.json --plot bench.png   # no GPU
 
 ``--plot`` draws the run's three tables into one PNG: each FoX kernel's speed over cuDNN's, the official
@@ -26,6 +28,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import time
 
 import torch
@@ -116,6 +119,17 @@ def _time(fn, args, mode):
     return triton.testing.do_bench(step, warmup=50, rep=200, return_mode="median")
 
 
+def eager_rounds(contenders: dict, args, mode, rounds: int) -> dict:
+    """Each contender's eager time (ms), ``rounds`` times: round r starts at the r-th contender and takes the
+    others in turn, so that none always follows the same one."""
+    names = list(contenders)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(_time(contenders[name], args, mode))
+    return times
+
+
 def _time_graph(fn, args, mode):
     """``_time``'s call replayed from a CUDA graph captured once: the GPU time alone."""
     return graph_time(lambda q, k, v, lf, _: fn(q, k, v, lf), (*args, None), mode)
@@ -133,10 +147,16 @@ def main():
                     help="only the attention table (no pruning or decoding cases)")
     ap.add_argument("--no-zero-gates", action="store_true",
                     help="also time our kernels as fox-layers' layers call them: zero_gates=False (no zero-gate passes)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="pruning rows: time each contender's eager call this many times, the contenders in turn, "
+                         "and report the median (at ~1 ms a call these cells time the host, whose single samples "
+                         "move by 10-25%%); every round's time is kept in the JSON")
     add_plot_args(ap, "the run's tables")
     args = ap.parse_args()
     if plotted_from_json(args, plot):
         return
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
     official = None
     if args.official:
         official = _load_official(args.official)  # the same file, loaded the same way as bench_pruning's
@@ -205,10 +225,17 @@ def main():
         for mode in ("fwd", "fwd+bwd"):
             flops = _flops(B, H, T, D, mode)
             row = dict(B=B, T=T, H=H, D=D, gates=label, mean_log_f=mean, mode=mode)
+            if args.rounds > 1:
+                row["rounds"] = args.rounds
+            for name, times in eager_rounds(pruning, inputs, mode, args.rounds).items():
+                row[f"ms {name}"] = statistics.median(times)
+                if args.rounds > 1:
+                    row[f"rounds ms {name}"] = times
             for name, fn in pruning.items():
-                for timer, key in ((_time, name), *([(_time_graph, f"{name} graph")] if args.graph else [])):
-                    row[f"ms {key}"] = timer(fn, inputs, mode)
-                    row[f"tflops_effective {key}"] = flops / row[f"ms {key}"] / 1e9
+                if args.graph:
+                    row[f"ms {name} graph"] = _time_graph(fn, inputs, mode)
+            for key in [k[3:] for k in row if k.startswith("ms ")]:
+                row[f"tflops_effective {key}"] = flops / row[f"ms {key}"] / 1e9
             row["speedup"] = row["ms exact"] / row["ms auto"]
             acp.append(row)
             save()

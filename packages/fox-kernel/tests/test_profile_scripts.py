@@ -116,3 +116,27 @@ def test_kept_share_counts_tile_pairs_as_a_loop_does(shift, bound):
     got = overhead.kept_share(q, q, lf, threshold)
     assert got == pytest.approx(kept / total, abs=1e-6)  # one tile pair is 1/90 here
     assert 0 < got <= 1
+
+
+def test_bench_attention_rounds_time_every_pruning_contender_in_turn(monkeypatch):
+    """``--rounds``: each contender is timed once per round, and round r starts at the r-th contender, so
+    that none always follows the same one; every sample is returned in its own round's place."""
+    bench = _module("bench_attention")
+    order = []
+
+    def timed(fn, args, mode):
+        order.append(fn)
+        return float(len(order))  # the n-th timing of the run reads n ms
+
+    monkeypatch.setattr(bench, "_time", timed)
+    times = bench.eager_rounds({"a": "a", "b": "b", "c": "c"}, None, "fwd", 4)
+    assert order == list("abc" "bca" "cab" "abc")
+    assert times == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
+    assert bench.eager_rounds({"a": "a"}, None, "fwd", 1) == {"a": [13.0]}
+
+
+def test_bench_attention_refuses_fewer_than_one_round(monkeypatch):
+    bench = _module("bench_attention")
+    monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--rounds", "0"])
+    with pytest.raises(SystemExit, match=r"^--rounds must be at least 1, got 0$"):
+        bench.main()
