@@ -12,10 +12,11 @@ table and writes JSON: wall time per call, and the process's CPU time per call.
 between runs is wider than some of the differences measured here). ``--launch-ab`` times every case with the
 kernels' cached launches (``ops/triton/launch.run``) and through Triton's own launch path, in alternating
 rounds in this one process, and reports the median of each; ``--reports-ab`` likewise with the prefix sums'
-zero-gate reports read and not read (``ops/zero_flags.py``).
+zero-gate reports read and not read (``ops/zero_flags.py``); ``--descriptors-ab`` with the Gluon launchers'
+TMA descriptors kept between calls and built afresh (``ops/gluon/host.py``).
 
     python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] \\
-        [--launch-ab | --reports-ab]
+        [--launch-ab | --reports-ab | --descriptors-ab]
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def main(argv=None):
     ab.add_argument("--reports-ab", action="store_true",
                     help="each case with the prefix sums' zero-gate reports read (zero-gate passes skipped once a "
                          "clean report is in) and not read (passes always launched), alternating rounds")
+    ab.add_argument("--descriptors-ab", action="store_true",
+                    help="each case with the Gluon launchers' TMA descriptors kept between calls and built afresh "
+                         "(ops/gluon/host.CACHED_DESCRIPTORS), alternating rounds")
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds: every case once per round, the cases in turn; each row is the median over rounds "
                          "(--launch-ab, --reports-ab: 3 if not given)")
@@ -159,6 +163,10 @@ def main(argv=None):
         from fox_kernel.ops import zero_flags
 
         switch = (zero_flags, "USED", "host_us_reports_unread", "read us", "unread us")
+    elif args.descriptors_ab:
+        from fox_kernel.ops.gluon import host
+
+        switch = (host, "CACHED_DESCRIPTORS", "host_us_descriptors_built", "kept us", "built us")
     rounds = args.rounds if args.rounds is not None else 3 if switch else 1
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")

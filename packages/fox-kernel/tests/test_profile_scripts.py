@@ -140,3 +140,17 @@ def test_bench_attention_refuses_fewer_than_one_round(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--rounds", "0"])
     with pytest.raises(SystemExit, match=r"^--rounds must be at least 1, got 0$"):
         bench.main()
+
+
+def test_zero_reports_ab_switches_name_real_bool_attributes():
+    """Each ``--switch`` of zero_reports_ab.py sets a module attribute that exists and is a bool, and its
+    round times our default call with it on and off beside the floor and the official call."""
+    import importlib
+
+    ab = _module("zero_reports_ab")
+    for switch, (module, attribute, on, off) in ab.SWITCHES.items():
+        if switch == "descriptors":
+            pytest.importorskip("triton.experimental.gluon")
+        assert isinstance(getattr(importlib.import_module(module), attribute), bool)
+        calls = ab.calls_of(switch)
+        assert calls[on] == ("ours auto", True) and calls[off] == ("ours auto", False) and len(calls) == 4
