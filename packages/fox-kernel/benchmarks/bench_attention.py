@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from bench_pruning import GATES, SHAPES, _load_official
+from bench_pruning import GATES, SHAPES, _load_official, in_rotating_rounds
 from bench_pruning import _time_graph as graph_time  # the same capture and timing as bench_pruning's
 from plot_args import add_plot_args, plotted_from_json
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -122,12 +122,7 @@ def _time(fn, args, mode):
 def eager_rounds(contenders: dict, args, mode, rounds: int) -> dict:
     """Each contender's eager time (ms), ``rounds`` times: round r starts at the r-th contender and takes the
     others in turn, so that none always follows the same one."""
-    names = list(contenders)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(_time(contenders[name], args, mode))
-    return times
+    return in_rotating_rounds(contenders, rounds, lambda fn: _time(fn, args, mode))
 
 
 def _time_graph(fn, args, mode):

@@ -128,15 +128,28 @@ def alternating_args(doc: str, rounds: int, out: str):
     return args
 
 
-def alternate(graphs: dict, rounds: int, rep: int) -> dict:
-    """name -> GPU milliseconds per round of each captured graph: rounds replay the graphs in a rotating
-    order, so slow drifts of the clock or of the memory land on all of them alike."""
-    names = list(graphs)
+def rotated(names: list, r: int) -> list:
+    """``names`` in round ``r``'s order: from the r-th (counting round) on, then those before it, so that
+    none always follows the same one."""
+    r %= len(names)
+    return names[r:] + names[:r]
+
+
+def in_rotating_rounds(calls: dict, rounds: int, timer) -> dict:
+    """name -> ``timer(calls[name])`` in each of ``rounds`` rounds, the names in ``rotated`` order, so slow
+    drifts of the clock, the memory or the host land on all of them alike."""
+    names = list(calls)
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(triton.testing.do_bench(graphs[name].replay, warmup=10, rep=rep, return_mode="median"))
+        for name in rotated(names, r):
+            times[name].append(timer(calls[name]))
     return times
+
+
+def alternate(graphs: dict, rounds: int, rep: int) -> dict:
+    """name -> GPU milliseconds per round of each captured graph, replayed in rotating rounds."""
+    return in_rotating_rounds(
+        graphs, rounds, lambda graph: triton.testing.do_bench(graph.replay, warmup=10, rep=rep, return_mode="median"))
 
 
 def _time_graph(fn, args, mode):

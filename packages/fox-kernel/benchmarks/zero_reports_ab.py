@@ -24,7 +24,7 @@ import statistics
 
 import torch
 import triton
-from bench_pruning import SHAPES, _inputs, _time, contenders, gate_shift
+from bench_pruning import SHAPES, _inputs, _time, contenders, gate_shift, rotated
 
 # per switch: the module attribute it sets, and the labels of our default call with it on and off
 SWITCHES = {"reports": ("fox_kernel.ops.zero_flags", "USED", "reports read", "reports unread"),
@@ -60,7 +60,7 @@ def main() -> None:
         for B, T, H, D in SHAPES:
             inputs = _inputs(B, T, H, D, fast)
             for r in range(args.rounds):
-                order = list(calls)[r % len(calls):] + list(calls)[:r % len(calls)]
+                order = rotated(list(calls), r)
                 for mode in ("fwd", "fwd+bwd"):
                     for label in order:
                         name, on = calls[label]

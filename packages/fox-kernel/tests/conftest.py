@@ -21,7 +21,6 @@ def device_dtype(request):
     return torch.device(device), dtype
 
 
-
 @pytest.fixture
 def zero_gate_passes(monkeypatch) -> list[str]:
     """The zero-gate passes launched during the test, by name (``triton/fwd.py``, ``triton/bwd.py``)."""

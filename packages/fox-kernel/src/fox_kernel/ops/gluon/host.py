@@ -217,6 +217,7 @@ def _descriptor(x, rows):
 
 
 def _new_descriptor(x, rows):
+    """``_descriptor``'s descriptor built afresh, holding ``x`` (or its contiguous copy)."""
     view = _rows_view(x)
     if view is None:
         x = x.contiguous()
