@@ -19,7 +19,10 @@ calls N times, the contenders in turn, and reports the medians.
     python packages/fox-kernel/benchmarks/bench_attention.py --plot-from bench.json --plot bench.png   # no GPU
 
 ``--plot`` draws the run's three tables into one PNG: each FoX kernel's speed over cuDNN's, the official
-pruned call's time over ours, and decoding bandwidth.
+pruned call's time over ours, and decoding bandwidth. ``--markdown-from JSON`` prints an earlier run's three
+tables in markdown, as the kernel README shows them (no GPU):
+
+    python packages/fox-kernel/benchmarks/bench_attention.py --markdown-from bench.json
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 import triton
 from bench_pruning import GATES, SHAPES, _load_official, in_rotating_rounds
 from bench_pruning import _time_graph as graph_time  # the same capture and timing as bench_pruning's
-from plot_args import add_plot_args, plotted_from_json
+from plot_args import add_plot_args, plotted_from_json, read_run
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fox_kernel import current_options, forgetting_attention
@@ -147,7 +150,12 @@ def main():
                          "and report the median (at ~1 ms a call these cells time the host, whose single samples "
                          "move by 10-25%%); every round's time is kept in the JSON")
     add_plot_args(ap, "the run's tables")
+    ap.add_argument("--markdown-from", metavar="JSON",
+                    help="print that earlier run's tables in markdown, as the kernel README shows them (no GPU)")
     args = ap.parse_args()
+    if args.markdown_from:
+        print("\n\n".join(markdown_tables(read_run(args.markdown_from, "--markdown-from"))))
+        return
     if plotted_from_json(args, plot):
         return
     if args.rounds < 1:
@@ -314,6 +322,74 @@ def _fmt_row(row, contenders, suffix=""):
     ratio = ours / cudnn if ours is not None and cudnn else math.nan
     vals = " ".join(f"{row.get(n + suffix, math.nan):11.1f}" for n in contenders)
     return f"{row['B']:3d} {row['T']:6d} {row['H']:3d} {row['Hkv']:3d} {row['D']:4d} {row['mode']:8} {vals}  {ratio:10.2f}"
+
+
+# The three markdown tables of a run, as the kernel README shows them (``--markdown-from JSON``): attention
+# (TFLOP/s of every contender; bold: the row's fastest FoX kernel and ratios of 1 or more), pruning (effective
+# TFLOP/s; bold: the row's fastest call) and decoding (TB/s).
+ATTENTION_COLUMNS = {"sdpa_cudnn": "SDPA cuDNN", "sdpa_flash": "SDPA flash", "flex_fox": "FlexAttention FoX",
+                     "fla": "fla", "official": "official FoX", "fox one-pass": "ours, one-pass bwd",
+                     "fox (ours)": "ours"}
+FOX_KERNELS = ("flex_fox", "fla", "official", "fox one-pass", "fox (ours)")
+PRUNING_COLUMNS = {"exact": "ours exact", "auto": "ours auto", "auto zero_gates=False": "ours auto, `zero_gates=False`",
+                   "per-head": "ours per-head", "official exact": "official exact",
+                   "official per-head": "official per-head"}
+DECODE_COLUMNS = {"paged16": "paged, 16-token pages", "paged256": "paged, 256-token pages",
+                  "pruned": "pruned (effective)", "sdpa_no_gate": "SDPA, no gate"}
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    row = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    return "\n".join([row(header), "|" + "---|" * len(header), *map(row, rows)])
+
+
+def _bold_max(values: dict, digits: int) -> dict:
+    """name -> cell: each value at ``digits`` decimals, "—" for NaN, the largest in bold."""
+    shown = {n: round(v, digits) for n, v in values.items() if not math.isnan(v)}
+    top = max(shown.values(), default=None)
+    return {n: "—" if n not in shown else (f"**{shown[n]:.{digits}f}**" if shown[n] == top else f"{shown[n]:.{digits}f}")
+            for n in values}
+
+
+def _ratio(value: float, bold_from_one: bool) -> str:
+    cell = f"{value:.2f}"
+    return f"**{cell}**" if bold_from_one and round(value, 2) >= 1 else cell
+
+
+def markdown_tables(result: dict) -> list[str]:
+    """The run's attention, pruning and decoding tables in markdown (a table for each part the run has)."""
+    tables = []
+    if result.get("attention"):
+        rows = []
+        for r in result["attention"]:
+            values = {n: r.get(n, math.nan) for n in ATTENTION_COLUMNS}
+            cells = {**{n: f"{v:.1f}" if not math.isnan(v) else "—" for n, v in values.items()},
+                     **_bold_max({n: values[n] for n in FOX_KERNELS}, 1)}
+            if "official" in r and math.isnan(r["official"]) and r["Hkv"] != r["H"]:
+                cells["official"] = "(refuses GQA)"
+            shape = f"{r['T'] // 1024}k" + (f" ×{r['B']}" if r["B"] > 1 else "")
+            rows.append([shape, f"{r['H']}/{r['Hkv']}", str(r["D"]), r["mode"], *cells.values(),
+                         _ratio(r["fox (ours)"] / r["sdpa_cudnn"], True),
+                         _ratio(r.get("fox (ours) graph", math.nan) / r.get("sdpa_cudnn graph", math.nan), True)])
+        tables.append(_table(["T", "H/Hkv", "D", "mode", *ATTENTION_COLUMNS.values(), "ours / cuDNN",
+                              "ours / cuDNN, GPU time"], rows))
+    if result.get("acp"):
+        rows = []
+        for r in result["acp"]:
+            mean = r["mean_log_f"]
+            gates = f"{r['gates'].split()[0]} ({mean:.{3 if abs(mean) < 0.1 else 2}f})"
+            cells = _bold_max({n: r.get(f"tflops_effective {n}", math.nan) for n in PRUNING_COLUMNS}, 1)
+            ratios = [_ratio(r.get(f"ms official per-head{g}", math.nan) / r[f"ms auto{g}"], False)
+                      if f"ms auto{g}" in r else "—" for g in ("", " graph")]
+            rows.append([str(r["D"]), gates, r["mode"], *cells.values(), *ratios])
+        tables.append(_table(["D", "gates (mean log f)", "mode", *PRUNING_COLUMNS.values(), "official / ours auto",
+                              "same, GPU time"], rows))
+    if result.get("decode"):
+        rows = [[f"{r['B']} × {r['T'] // 1024}k", f"{r['ours_TBps']:.2f} ({r['ours_ms'] * 1e3:.0f} us)",
+                 *(f"{r[f'{n}_TBps']:.2f}" for n in DECODE_COLUMNS), _ratio(r["ours_TBps"] / r["sdpa_no_gate_TBps"], False)]
+                for r in result["decode"]]
+        tables.append(_table(["B × T", "ours", *DECODE_COLUMNS.values(), "ours / SDPA"], rows))
+    return tables
 
 
 def _case(row) -> str:

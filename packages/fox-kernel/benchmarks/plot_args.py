@@ -20,12 +20,17 @@ def plotted_from_json(args: argparse.Namespace, plot: Callable[[dict, str], None
         return False
     if not args.plot:
         raise SystemExit("--plot-from needs --plot PNG")
-    try:
-        with open(args.plot_from) as f:
-            result = json.load(f)
-    except FileNotFoundError:
-        raise SystemExit(f"--plot-from: no such file: {args.plot_from}") from None
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--plot-from: {args.plot_from} is not JSON ({e})") from None
-    plot(result, args.plot)
+    plot(read_run(args.plot_from, "--plot-from"), args.plot)
     return True
+
+
+def read_run(path: str, flag: str) -> dict:
+    """An earlier run's JSON, given by the command-line option ``flag``; a missing or broken file is one line
+    naming the option."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(f"{flag}: no such file: {path}") from None
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{flag}: {path} is not JSON ({e})") from None

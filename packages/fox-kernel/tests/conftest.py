@@ -1,4 +1,7 @@
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,3 +40,22 @@ def zero_gate_passes(monkeypatch) -> list[str]:
     for module, name in ((fwd, "forward_zero_gates"), (bwd, "backward_zero_gates")):
         monkeypatch.setattr(module, name, spy(name, getattr(module, name)))
     return launched
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def benchmark_script():
+    """``load(name)``: the script ``benchmarks/NAME.py`` as a module (its neighbours, such as bench_pruning,
+    importable while it loads)."""
+    def load(name):
+        sys.path.insert(0, str(BENCHMARKS))
+        try:
+            spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        finally:
+            sys.path.remove(str(BENCHMARKS))
+    return load

@@ -3,7 +3,6 @@ result, and bad arguments stop either script in one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,18 +16,11 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPT = BENCHMARKS / "decode_trees_ab.py"
 
 
-def _module(name="decode_trees_ab"):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("B,T,H,Hkv,D", [(2, 37, 6, 3, 24), (1, 129, 4, 1, 16)])
-def test_reference_is_the_decoding_call(B, T, H, Hkv, D):
+def test_reference_is_the_decoding_call(B, T, H, Hkv, D, benchmark_script):
     q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D, device="cpu", dtype=torch.float64, seed=3)
     expected = forgetting_attention_with_kvcache(q, k, v, c, lens)
-    got = _module().reference(q, k, v, c, lens)
+    got = benchmark_script("decode_trees_ab").reference(q, k, v, c, lens)
     assert (got.double() - expected).abs().max().item() < 1e-5  # the reference is float32
 
 
@@ -37,9 +29,9 @@ def test_reference_is_the_decoding_call(B, T, H, Hkv, D):
     (["--before", str(SCRIPT.parents[1] / "src"), "--rounds", "0"], "--rounds must be >= 1"),
 ])
 @pytest.mark.parametrize("script", ["decode_trees_ab", "pruning_trees_ab"])
-def test_bad_arguments_stop_in_one_line(monkeypatch, argv, message, script):
+def test_bad_arguments_stop_in_one_line(monkeypatch, argv, message, script, benchmark_script):
     monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # pruning_trees_ab imports decode_trees_ab
     with pytest.raises(SystemExit) as stop:
-        _module(script).main()
+        benchmark_script(script).main()
     assert message in str(stop.value) and "\n" not in str(stop.value)

@@ -7,7 +7,6 @@ draws the tables of a run's JSON."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -17,17 +16,6 @@ import torch
 import torch.nn.functional as F
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _module(name):
-    sys.path.insert(0, str(BENCH))  # pruning_overhead imports its neighbour bench_pruning
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 RAW = "\n".join([
@@ -42,8 +30,8 @@ RAW = "\n".join([
 ])
 
 
-def test_ncu_raw_page_is_read_per_kernel():
-    ncu = _module("ncu_profile")
+def test_ncu_raw_page_is_read_per_kernel(benchmark_script):
+    ncu = benchmark_script("ncu_profile")
     kernels = ncu._parse_raw(RAW)
     assert [k["Kernel Name"] for k in kernels] == ["gluon_dkdv_kernel(int)", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop"]
     first = ncu._summary(kernels[0])
@@ -56,9 +44,9 @@ def test_ncu_raw_page_is_read_per_kernel():
     assert not ncu.is_reference(kernels[0]["Kernel Name"]) and ncu.is_reference(kernels[1]["Kernel Name"])
 
 
-def test_ncu_plot_draws_a_png(tmp_path):
+def test_ncu_plot_draws_a_png(tmp_path, benchmark_script):
     pytest.importorskip("matplotlib")
-    ncu = _module("ncu_profile")
+    ncu = benchmark_script("ncu_profile")
     kernels = [ncu._summary(k) for k in ncu._parse_raw(RAW)]
     result = dict(env=dict(gpu="test"), case=dict(shape=dict(B=1, T=2, H=3, Hkv=3, D=4), kernels=kernels))
     path = tmp_path / "ncu.png"
@@ -68,11 +56,11 @@ def test_ncu_plot_draws_a_png(tmp_path):
 
 @pytest.mark.parametrize("cited", ["bench-attention-zero-reports-h200-2026-11-28.json",  # without FlexAttention
                                    "bench-attention-official-h200-2026-11-28.json"])
-def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path, cited):
+def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path, cited, benchmark_script):
     pytest.importorskip("matplotlib")
     import json
 
-    bench = _module("bench_attention")
+    bench = benchmark_script("bench_attention")
     run = json.loads((BENCH / cited).read_text())
     for name, result in (("whole", run), ("attention-only", dict(env=run["env"], attention=run["attention"][:3]))):
         path = tmp_path / f"{name}.png"
@@ -83,10 +71,10 @@ def test_bench_attention_plot_draws_the_cited_run_and_a_partial_one(tmp_path, ci
 
 
 @pytest.mark.parametrize("text,message", [(None, "no such file"), ("{not json", "is not JSON")])
-def test_plot_from_a_missing_or_broken_file_is_one_clear_error(tmp_path, text, message):
+def test_plot_from_a_missing_or_broken_file_is_one_clear_error(tmp_path, text, message, benchmark_script):
     import argparse
 
-    plot_args = _module("plot_args")
+    plot_args = benchmark_script("plot_args")
     path = tmp_path / "run.json"
     if text is not None:
         path.write_text(text)
@@ -97,8 +85,8 @@ def test_plot_from_a_missing_or_broken_file_is_one_clear_error(tmp_path, text, m
 
 
 @pytest.mark.parametrize("shift,bound", [(7.4, -10.0), (0.0, -3.0), (1.0, -6.0)])
-def test_kept_share_counts_tile_pairs_as_a_loop_does(shift, bound):
-    overhead = _module("pruning_overhead")
+def test_kept_share_counts_tile_pairs_as_a_loop_does(shift, bound, benchmark_script):
+    overhead = benchmark_script("pruning_overhead")
     g = torch.Generator().manual_seed(11)
     B, T, H = 2, 320, 3
     lf = F.logsigmoid(torch.randn(B, T, H, generator=g) + shift)
@@ -118,10 +106,10 @@ def test_kept_share_counts_tile_pairs_as_a_loop_does(shift, bound):
     assert 0 < got <= 1
 
 
-def test_bench_attention_rounds_time_every_pruning_contender_in_turn(monkeypatch):
+def test_bench_attention_rounds_time_every_pruning_contender_in_turn(monkeypatch, benchmark_script):
     """``--rounds``: each contender is timed once per round, and round r starts at the r-th contender, so
     that none always follows the same one; every sample is returned in its own round's place."""
-    bench = _module("bench_attention")
+    bench = benchmark_script("bench_attention")
     order = []
 
     def timed(fn, args, mode):
@@ -135,22 +123,41 @@ def test_bench_attention_rounds_time_every_pruning_contender_in_turn(monkeypatch
     assert bench.eager_rounds({"a": "a"}, None, "fwd", 1) == {"a": [13.0]}
 
 
-def test_bench_attention_refuses_fewer_than_one_round(monkeypatch):
-    bench = _module("bench_attention")
+def test_bench_attention_refuses_fewer_than_one_round(monkeypatch, benchmark_script):
+    bench = benchmark_script("bench_attention")
     monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--rounds", "0"])
     with pytest.raises(SystemExit, match=r"^--rounds must be at least 1, got 0$"):
         bench.main()
 
 
-def test_zero_reports_ab_switches_name_real_bool_attributes():
+def test_zero_reports_ab_switches_name_real_bool_attributes(benchmark_script):
     """Each ``--switch`` of zero_reports_ab.py sets a module attribute that exists and is a bool, and its
     round times our default call with it on and off beside the floor and the official call."""
     import importlib
 
-    ab = _module("zero_reports_ab")
+    ab = benchmark_script("zero_reports_ab")
     for switch, (module, attribute, on, off) in ab.SWITCHES.items():
         if switch == "descriptors":
             pytest.importorskip("triton.experimental.gluon")
         assert isinstance(getattr(importlib.import_module(module), attribute), bool)
         calls = ab.calls_of(switch)
         assert calls[on] == ("ours auto", True) and calls[off] == ("ours auto", False) and len(calls) == 4
+
+
+def test_markdown_tables_of_a_partial_run(benchmark_script):
+    """A run without the official kernel or FlexAttention shows dashes there and bolds the fastest FoX kernel
+    it has; a run with attention rows alone gives one table."""
+    bench = benchmark_script("bench_attention")
+    row = dict(B=2, T=8192, H=32, Hkv=8, D=128, mode="fwd+bwd", sdpa_cudnn=500.0, sdpa_flash=300.0, fla=190.04,
+               **{"fox one-pass": 480.0, "fox (ours)": 510.26, "sdpa_cudnn graph": 490.0, "fox (ours) graph": 480.0})
+    (table,) = bench.markdown_tables(dict(env={}, attention=[row]))
+    assert table.splitlines()[1] == "|---|" * 1 + "---|" * 12
+    assert table.splitlines()[2] == ("| 8k ×2 | 32/8 | 128 | fwd+bwd | 500.0 | 300.0 | — | 190.0 | — | 480.0 | **510.3** "
+                                     "| **1.02** | 0.98 |")
+
+
+def test_markdown_from_a_missing_file_is_one_clear_error(monkeypatch, tmp_path, benchmark_script):
+    bench = benchmark_script("bench_attention")
+    monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--markdown-from", str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit, match=r"^--markdown-from: no such file: .*none\.json$"):
+        bench.main()
