@@ -25,17 +25,23 @@ def _run_json():
     return json.loads((ROOT / "benchmarks" / name).read_text())
 
 
-def _tables():
-    """The markdown tables of the latest-run section, each a list of rows of cell strings (header dropped)."""
+def _table_texts():
+    """The markdown tables of the latest-run section, as written."""
     section = README[README.index(START):README.index("Older runs")]
-    tables, rows = [], []
+    tables, lines = [], []
     for line in section.splitlines() + [""]:
         if line.startswith("|"):
-            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-        elif rows:
-            tables.append(rows[2:])  # header and |---| rule
-            rows = []
+            lines.append(line)
+        elif lines:
+            tables.append("\n".join(lines))
+            lines = []
     return tables
+
+
+def _tables():
+    """The same tables, each a list of rows of cell strings (header and |---| rule dropped)."""
+    return [[[cell.strip() for cell in line.strip().strip("|").split("|")] for line in text.splitlines()[2:]]
+            for text in _table_texts()]
 
 
 def _number(cell: str) -> float:
@@ -93,3 +99,9 @@ def test_decoding_cells_are_the_runs(i):
         assert _same(cell, run[f"{key}_TBps"], 2), (row, key)
     assert _same(row[1].split("(")[1], run["ours_ms"] * 1e3, 0)
     assert _same(row[6], run["ours_TBps"] / run["sdpa_no_gate_TBps"], 2)
+
+
+def test_the_tables_are_what_bench_attention_prints_from_the_run(benchmark_script):
+    """``bench_attention.py --markdown-from JSON`` prints exactly the README's three tables, bold marks and
+    dashes included."""
+    assert benchmark_script("bench_attention").markdown_tables(_run_json()) == _table_texts()
