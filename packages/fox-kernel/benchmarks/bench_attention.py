@@ -42,7 +42,7 @@ from bench_pruning import _time_graph as graph_time  # the same capture and timi
 from plot_args import add_plot_args, plotted_from_json, read_run
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fox_kernel import current_options, forgetting_attention
+from fox_kernel import current_options, forgetting_attention, gate_cache
 from fox_kernel.pruning import pruning_threshold
 
 
@@ -293,7 +293,8 @@ def bench_decode():
             n_pages = B * T // page
             perm = torch.randperm(n_pages, device="cuda")
             table = perm.view(B, T // page).to(torch.int32)
-            pool = [torch.empty(n_pages, page, *x.shape[2:], device="cuda", dtype=x.dtype) for x in (k, v, c)]
+            pool = [torch.empty(n_pages, page, *x.shape[2:], device="cuda", dtype=x.dtype) for x in (k, v)]
+            pool.append(gate_cache(n_pages, page, c.shape[2], device="cuda"))  # head-major, as the caches made here
             for dst, src in zip(pool, (k, v, c)):
                 dst[perm] = src.reshape(n_pages, page, *src.shape[2:])
             got = forgetting_attention_with_kvcache(q, *pool, lens, block_table=table)

@@ -223,3 +223,65 @@ def test_decode_pruning_of_cache_tiles(device_dtype):
         assert max(skipped) > 0, speed  # the rule did name tiles to skip, and the kernel skipped exactly those
     with pytest.raises(ValueError, match="adaptive_threshold must"):
         forgetting_attention_with_kvcache(q, k, v, c, adaptive_threshold="auto")
+
+
+def _head_major(c):
+    return c.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("device_dtype", DEVICES)
+@pytest.mark.parametrize("paged", [False, True])
+def test_head_major_prefix_sums_decode_as_token_major_ones(device_dtype, paged):
+    """The decoding kernel takes the prefix sums in any layout: the same values stored head-major (the layout
+    of the caches made here) and token-major give the same output, and it is the float64 reference's.
+    Odd shapes, GQA, rows of different lengths, left padding, two new tokens."""
+    device, dtype = device_dtype
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    B, T, H, Hkv, D, Tq, page = 3, 45, 6, 2, 24, 2, 5
+    q, k, v, lf = _data(B, T, H, Hkv, D, seed=7)
+    lengths, seq_start = torch.tensor([45, 31, 38], dtype=torch.int32), torch.tensor([0, 4, 0])
+    c = torch.zeros(B, T, H, dtype=torch.float64)
+    for b in range(B):  # the cache's prefix sums: gates before a row's start do not count
+        c[b, seq_start[b]:] = torch.cumsum(lf[b, seq_start[b]:].double(), dim=0)
+    c = c.float()
+    kc, vc = k.to(dtype), v.to(dtype)
+    table = None
+    if paged:  # pages of 5 tokens in a shuffled pool
+        perm = torch.randperm(B * T // page, generator=torch.Generator().manual_seed(1))
+        table = perm.view(B, T // page).to(torch.int32).to(device)
+        kc, vc, c = ((torch.empty_like(x.reshape(-1, page, *x.shape[2:])).index_copy_(
+            0, perm, x.reshape(-1, page, *x.shape[2:]))) for x in (kc, vc, c))
+    qs = torch.stack([q[b, lengths[b] - Tq:lengths[b]] for b in range(B)]).to(dtype)
+    to = lambda x: x.to(device)  # noqa: E731
+    outs = [forgetting_attention_with_kvcache(to(qs), to(kc), to(vc), to(cache), to(lengths), seq_start=to(seq_start),
+                                              block_table=table) for cache in (c, _head_major(c))]
+    assert _head_major(c).stride() != c.stride()
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    for b in range(B):
+        n = int(lengths[b])
+        ref = forgetting_attention_ref(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n], lf[b:b + 1, :n],
+                                       seq_start=seq_start[b:b + 1])
+        torch.testing.assert_close(outs[1][b:b + 1].double().cpu(), ref[:, n - Tq:], rtol=2e-2, atol=2e-2)
+
+
+def test_caches_made_here_hold_the_prefix_sums_head_major():
+    """``append_to_cache`` grows c head-major whatever layout it is given, with the float64 prefix sums'
+    values; ``gate_cache`` makes a zeroed head-major one and names a bad size."""
+    from fox_kernel import gate_cache
+
+    B, H, Hkv, D = 2, 5, 1, 8
+    q, k, v, lf = _data(B, 23, H, Hkv, D, seed=3)
+    cache = append_to_cache(None, None, None, k[:, :9], v[:, :9], lf[:, :9])
+    assert cache[2].stride(1) == 1
+    token_major = tuple(x.contiguous() for x in cache)  # a reordered cache (beam search) comes back token-major
+    assert token_major[2].stride(2) == 1
+    for grown in (append_to_cache(*cache, k[:, 9:], v[:, 9:], lf[:, 9:]),
+                  append_to_cache(*token_major, k[:, 9:], v[:, 9:], lf[:, 9:])):
+        assert grown[2].shape == (B, 23, H) and grown[2].stride(1) == 1
+        torch.testing.assert_close(grown[2].double(), torch.cumsum(lf.double(), dim=1), rtol=1e-6, atol=1e-5)
+    made = gate_cache(4, 7, 3)
+    assert made.shape == (4, 7, 3) and made.dtype == torch.float32 and made.stride() == (21, 1, 7)
+    assert not made.any()
+    with pytest.raises(ValueError, match=r"^tokens must be an int >= 0, got -1$"):
+        gate_cache(4, -1, 3)

@@ -13,6 +13,7 @@ from fox_kernel.decode import (
     append_to_paged_cache,
     fill_empty_cache,
     forgetting_attention_with_kvcache,
+    gate_cache,
 )
 from fox_kernel.ops import forgetting_attention
 from fox_kernel.ops.checks import require_window_size, values_checkable
@@ -34,6 +35,7 @@ __all__ = [
     "fill_empty_cache",
     "forgetting_attention",
     "forgetting_attention_with_kvcache",
+    "gate_cache",
     "kernel_options",
     "pruning_bound",
     "pruning_threshold",

@@ -5,6 +5,12 @@ over it. The cache here is a set of plain tensors grown by ``append_to_cache``:
 
     k_cache, v_cache: (B, T, Hkv, D)   c_cache: (B, T, H) float32   (T = tokens cached so far)
 
+Layout of ``c_cache``: any strides. The caches made here store it head-major, its (B, H, T) memory seen
+as (B, T, H) (``gate_cache``, ``append_to_cache``): a decoding program reads the prefix sums of its
+key/value head's query heads, a few bytes a token, which token-major are scattered one per 32-byte sector
+and head-major lie in runs of whole sectors (on an H200, GQA 32/8, D=128: 0.6-1.7% more K/V bandwidth
+contiguous, 12-14% paged with 256-token pages; ``benchmarks/decode_layout_ab.py``).
+
 Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. They may
 also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pages per row) of page
 indices, filled by ``append_to_paged_cache``. On CUDA
@@ -50,6 +56,16 @@ def _check_cache_tensors(k_cache, v_cache, c_cache, lead: tuple, Hkv: int, D: in
     if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (*lead, H):
         raise ValueError(f"c_cache must be float32 of shape {(*lead, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
 
+def gate_cache(rows: int, tokens: int, heads: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """A zeroed cache of gate prefix sums, (rows, tokens, heads) float32, stored head-major (its (rows, heads,
+    tokens) memory transposed; see the module's docstring): ``c_cache`` of a preallocated cache (rows = B) or
+    of a paged one (rows = num_pages, tokens = page_size)."""
+    for name, n in (("rows", rows), ("tokens", tokens), ("heads", heads)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+    return torch.zeros(rows, heads, tokens, dtype=torch.float32, device=device).transpose(1, 2)
+
+
 def append_to_cache(
     k_cache: torch.Tensor | None,
     v_cache: torch.Tensor | None,
@@ -63,7 +79,8 @@ def append_to_cache(
 
     The new prefix sums continue from the last cached one; gates of positions before ``seq_start``
     (left padding, counted in cache positions) do not count. Returns the three grown tensors. The caches
-    are all None (the first call) or all tensors, (B, T, Hkv, D) twice and (B, T, H) float32.
+    are all None (the first call) or all tensors, (B, T, Hkv, D) twice and (B, T, H) float32; the grown
+    c_cache is head-major (see the module's docstring).
     """
     B, Tn, Hkv, D, H = _check_new_tokens(k_new, v_new, log_fgate_new)
     if (k_cache is None) != (v_cache is None) or (k_cache is None) != (c_cache is None):
@@ -86,8 +103,10 @@ def append_to_cache(
     c_new = _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last)
     if k_cache is None:
         return k_new, v_new, c_new
+    # c grows along its (B, H, T) memory: the result is head-major whatever layout c_cache had
+    c_cache = torch.cat([c_cache.transpose(1, 2), c_new.transpose(1, 2)], dim=2).transpose(1, 2)
     return (torch.cat([k_cache, k_new.to(k_cache.dtype)], dim=1), torch.cat([v_cache, v_new.to(v_cache.dtype)], dim=1),
-            torch.cat([c_cache, c_new], dim=1))
+            c_cache)
 
 
 def _check_new_tokens(k_new, v_new, log_fgate_new) -> tuple[int, int, int, int, int]:
@@ -133,10 +152,10 @@ def _continued_prefix_sums(log_fgate_new, pos, seq_start, c_last):
         checks.check_log_gates_at_most_zero("log_fgate_new", g, True)
     # scanned along the last, contiguous dim: PyTorch's CUDA scan along dim 1 of a (B, T, H) tensor is about
     # 100x slower (2.9 ms for T = 16k, H = 12 on an H100, most of a 16k-token prefill into a cache)
-    c_new = torch.cumsum(g.double().transpose(1, 2).contiguous(), dim=-1).transpose(1, 2)
+    c_new = torch.cumsum(g.double().transpose(1, 2).contiguous(), dim=-1)
     if c_last is not None:
-        c_new = c_new + c_last.double()[:, None]
-    return c_new.float().contiguous()
+        c_new = c_new + c_last.double()[:, :, None]
+    return c_new.float().transpose(1, 2)  # head-major (B, Tn, H), the layout of the caches made here
 
 
 def append_to_paged_cache(
@@ -443,7 +462,8 @@ def forgetting_attention_with_kvcache(
         # primitives, so nothing is built here that the compiler would have to trace); eager: the same
         # function without the op's dispatch, which costs host time on every token
         op = decode if torch.compiler.is_compiling() else decode_eager
-        return op(q, k_cache, v_cache, c_cache.contiguous(), lens.contiguous(), starts, scale, table, thresh, window)
+        # c_cache as it is: the kernel takes its three strides (a head-major cache, ``gate_cache``, reads densest)
+        return op(q, k_cache, v_cache, c_cache, lens.contiguous(), starts, scale, table, thresh, window)
     # The PyTorch path computes exactly (no threshold) and compares the starts as given (they have no upper
     # bound here: no cast to int32).
     call = AttentionCall(scale, seq_start, window=window)

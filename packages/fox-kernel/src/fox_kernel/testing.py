@@ -52,12 +52,14 @@ def attention_inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
 
 def decode_inputs(B, T, H, Hkv, D, device="cuda", dtype=torch.bfloat16, seed=0):
     """A full cache for decoding benchmarks: q (B, 1, H, D), k, v (B, T, Hkv, D) in ``dtype``, prefix sums c
-    (B, T, H) of gates with mean log f about -0.03 (``speed="bench"``), and cache_seqlens (B,) = T."""
+    (B, T, H) of gates with mean log f about -0.03 (``speed="bench"``), stored head-major as the caches of
+    ``fox_kernel.decode`` store them, and cache_seqlens (B,) = T."""
     torch.manual_seed(seed)
     q = torch.randn(B, 1, H, D, device=device, dtype=dtype)
     k = torch.randn(B, T, Hkv, D, device=device, dtype=dtype)
     v = torch.randn_like(k)
     c = torch.cumsum(random_log_fgate((B, T, H), speed="bench", device=device), dim=1)
+    c = c.transpose(1, 2).contiguous().transpose(1, 2)
     lens = torch.full((B,), T, dtype=torch.int32, device=device)
     return q, k, v, c, lens
 

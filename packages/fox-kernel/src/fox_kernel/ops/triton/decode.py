@@ -82,7 +82,7 @@ def _decode_kernel(
     stride_qb, stride_qt, stride_qh = q_strides
     stride_kb, stride_kt, stride_kh = k_strides
     stride_vb, stride_vt, stride_vh = v_strides
-    stride_cb, stride_ct = c_strides
+    stride_cb, stride_ct, stride_ch = c_strides
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // HKV
@@ -108,7 +108,7 @@ def _decode_kernel(
     q_live = valid & (pos >= 0)
     c_q_off, q_bad = _cache_offsets(bq, tl.maximum(pos, 0), q_live, BT, stride_btb, page_size, num_pages,
                                     stride_cb, stride_ct, PAGED)
-    c_q = tl.load(C + c_q_off + h, mask=q_live, other=0.0)
+    c_q = tl.load(C + c_q_off + h * stride_ch, mask=q_live, other=0.0)
     flag = (q_live & q_bad) | too_long  # rows returned as NaN
 
     # The row's live range [lo, length): left padding dropped and, with a threshold, the leading key
@@ -126,7 +126,8 @@ def _decode_kernel(
             last = tl.minimum(tiles + BLOCK_N, length) - 1
             c_off, last_bad = _cache_offsets(bq, last, live, BT, stride_btb, page_size, num_pages, stride_cb,
                                              stride_ct, PAGED)
-            c_last = tl.load(C + c_off[None, :] + h[:, None], mask=valid[:, None] & live[None, :], other=0.0)
+            c_last = tl.load(C + c_off[None, :] + h[:, None] * stride_ch, mask=valid[:, None] & live[None, :],
+                             other=0.0)
             gap = tl.where(valid[:, None], c_q[:, None] - c_last - delta[:, None], float("-inf"))
             gap = tl.where(last_bad[None, :], float("inf"), gap)  # a tile of a bad page is not skipped
             n = tl.sum((live & (tl.max(gap, 0) < 0.0)).to(tl.int32), 0)
@@ -149,7 +150,7 @@ def _decode_kernel(
         k = tl.load(K + (t_row * stride_kb + t_slot * stride_kt)[:, None] + hk * stride_kh + offs_d[None, :],
                     mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale2
-        c_k = tl.load(C + (t_row * stride_cb + t_slot * stride_ct)[None, :] + h[:, None],
+        c_k = tl.load(C + (t_row * stride_cb + t_slot * stride_ct)[None, :] + h[:, None] * stride_ch,
                       mask=valid[:, None] & mask_n[None, :], other=0.0)
         s += (c_q[:, None] - c_k) * LOG2E
         keep = mask_n[None, :] & (kn[None, :] <= pos[:, None]) & (kn[None, :] >= s0)
@@ -260,7 +261,7 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
             block_table, 0 if block_table is None else block_table.stride(0),
             page_size, k_cache.shape[0], threshold, H,
-            launch.strides(q), launch.strides(k_cache), launch.strides(v_cache), launch.strides(c_cache, 2),
+            launch.strides(q), launch.strides(k_cache), launch.strides(v_cache), launch.strides(c_cache),
             B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E.value, window, Tmax,
             HAS_WINDOW=window > 0, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
             PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=launch.scan(),
