@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from fox_kernel import append_to_paged_cache, fill_empty_cache, gate_cache
+from fox_kernel import append_to_paged_cache, fill_empty_cache
 from fox_models.cache import FoxCache, FoxCacheLayer
 
 
@@ -65,7 +65,9 @@ class StaticFoxCacheLayer(FoxCacheLayer):
         B, _, Hkv, D = k.shape
         self.k = k.new_zeros(B, self.capacity, Hkv, D)
         self.v = v.new_zeros(B, self.capacity, Hkv, D)
-        self.c = gate_cache(B, self.capacity, log_fgate.shape[2], device=k.device)  # head-major: read densest
+        # token-major (B, capacity, H): the layout this cache's CUDA-graph decoding is checked with on a GPU
+        # (fox_kernel.gate_cache's head-major one reads faster in the decoding kernel)
+        self.c = torch.zeros(B, self.capacity, log_fgate.shape[2], dtype=torch.float32, device=k.device)
         self.cache_seqlens = torch.zeros(B, dtype=torch.int32, device=k.device)
         self._seq_start = torch.zeros(B, dtype=torch.int32, device=k.device)
         self._rows = torch.arange(B, dtype=torch.int32, device=k.device)[:, None]
