@@ -161,3 +161,19 @@ def test_markdown_from_a_missing_file_is_one_clear_error(monkeypatch, tmp_path, 
     monkeypatch.setattr(sys, "argv", ["bench_attention.py", "--markdown-from", str(tmp_path / "none.json")])
     with pytest.raises(SystemExit, match=r"^--markdown-from: no such file: .*none\.json$"):
         bench.main()
+
+
+def test_decode_layout_ab_keeps_the_values_in_both_layouts(monkeypatch, benchmark_script):
+    """decode_layout_ab.py: the head-major copy holds the same (B, T, H) values over (B, H, T) memory, a paged
+    pool puts page i of the cache at slot perm[i], and fewer than one round is refused in one line."""
+    ab = benchmark_script("decode_layout_ab")
+    c = torch.randn(2, 8, 3, dtype=torch.float64)
+    head_major = ab.head_major(c)
+    assert torch.equal(head_major, c) and head_major.stride() == (24, 1, 8)
+    perm = torch.tensor([2, 0, 3, 1])
+    pool = ab.paged(c, perm, 4)
+    for i in range(4):
+        assert torch.equal(pool[perm[i]], c.reshape(4, 4, 3)[i])
+    monkeypatch.setattr(sys, "argv", ["decode_layout_ab.py", "--rounds", "0"])
+    with pytest.raises(SystemExit, match=r"^--rounds must be at least 1, got 0$"):
+        ab.main()

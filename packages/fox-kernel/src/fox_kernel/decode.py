@@ -9,7 +9,7 @@ Layout of ``c_cache``: any strides. The caches made here store it head-major, it
 as (B, T, H) (``gate_cache``, ``append_to_cache``): a decoding program reads the prefix sums of its
 key/value head's query heads, a few bytes a token, which token-major are scattered one per 32-byte sector
 and head-major lie in runs of whole sectors (on an H200, GQA 32/8, D=128: 0.6-1.7% more K/V bandwidth
-contiguous, 12-14% paged with 256-token pages; ``benchmarks/decode_layout_ab.py``).
+contiguous, 13-15% paged with 256-token pages; ``benchmarks/decode_layout_ab.py``).
 
 Caches may be preallocated: ``cache_seqlens`` (B,) then gives the valid tokens of each row. They may
 also be paged: (num_pages, page_size, ...) tensors plus a ``block_table`` (B, pages per row) of page
