@@ -285,3 +285,55 @@ def test_caches_made_here_hold_the_prefix_sums_head_major():
     assert not made.any()
     with pytest.raises(ValueError, match=r"^tokens must be an int >= 0, got -1$"):
         gate_cache(4, -1, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_cuda_graph_captures_a_paged_decoding_step():
+    """One decoding step (append a token to a head-major paged cache, attend over it) is captured in a CUDA
+    graph: nothing in it waits on the host, and every replay gives what the same step run eagerly gives, on
+    a twin of the cache, bit for bit (output, K/V/prefix-sum pools and lengths)."""
+    from fox_kernel import append_to_paged_cache, gate_cache
+
+    B, H, Hkv, D, page, prompt = 3, 6, 2, 32, 16, 21
+    dev, dtype = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(5)
+    per_row = 4
+    table = torch.randperm(B * per_row, device=dev, generator=g).to(torch.int32).view(B, per_row)
+    kc = torch.zeros(B * per_row, page, Hkv, D, dtype=dtype, device=dev)
+    vc, cc = torch.zeros_like(kc), gate_cache(B * per_row, page, H, dev)
+    starts = torch.tensor([0, 6, 0], dtype=torch.int32, device=dev)
+    lens = torch.zeros(B, dtype=torch.int32, device=dev)
+
+    def new_tokens(n):
+        return (torch.randn(B, n, Hkv, D, device=dev, generator=g, dtype=dtype),
+                torch.randn(B, n, Hkv, D, device=dev, generator=g, dtype=dtype),
+                random_log_fgate((B, n, H), generator=g, device=dev))
+
+    lens.copy_(append_to_paged_cache(kc, vc, cc, table, lens, *new_tokens(prompt), seq_start=starts))
+    q_in, (k_in, v_in, lf_in) = torch.randn(B, 1, H, D, device=dev, generator=g, dtype=dtype), new_tokens(1)
+
+    def step(kc, vc, cc, lens):
+        lens.copy_(append_to_paged_cache(kc, vc, cc, table, lens, k_in, v_in, lf_in, seq_start=starts))
+        return forgetting_attention_with_kvcache(q_in, kc, vc, cc, lens, seq_start=starts, block_table=table)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles the kernels outside the capture
+        step(kc, vc, cc, lens)
+    torch.cuda.current_stream().wait_stream(side)
+    twin = [kc.clone(), vc.clone(), cc.contiguous(), lens.clone()]
+    assert twin[2].stride() != cc.stride()  # the twin's prefix sums are token-major: both layouts run
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(kc, vc, cc, lens)
+    for _ in range(5):
+        q_in.copy_(torch.randn(q_in.shape, device=dev, generator=g, dtype=dtype))
+        for buf, x in zip((k_in, v_in, lf_in), new_tokens(1)):
+            buf.copy_(x)
+        graph.replay()
+        eager = step(*twin)
+        torch.testing.assert_close(captured, eager, rtol=0, atol=0)
+        for x, y in zip((kc, vc, cc, lens), twin):
+            torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert lens.tolist() == [prompt + 6] * B

@@ -241,7 +241,9 @@ def _write_where_ok(pairs, page, slot, ok) -> None:
     if n == 0:
         return
     flat_ok = ok.reshape(n)
-    first = torch.argmax(flat_ok.to(torch.uint8))  # the first ok position (0 when none is)
+    # the first ok position (0 when none is), as a 1-element tensor: indexing with a 0-dim tensor reads it
+    # on the host, a wait that a CUDA graph capture refuses
+    first = torch.argmax(flat_ok.to(torch.uint8)).reshape(1)
     any_ok = flat_ok.any()
     page_f, slot_f = page.reshape(n), slot.reshape(n)
     page_t = torch.where(flat_ok, page_f, page_f[first])
