@@ -20,16 +20,17 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-from fox_kernel import append_to_paged_cache, fill_empty_cache
+from fox_kernel import append_to_paged_cache, fill_empty_cache, gate_cache
 from fox_models.cache import FoxCache, FoxCacheLayer
 
 
 class StaticFoxCacheLayer(FoxCacheLayer):
     """One attention layer's state in buffers of ``capacity`` tokens per row, written in place.
 
-    ``k``, ``v`` (B, capacity, Hkv, D), ``c`` (B, capacity, H) and ``cache_seqlens`` (B,) int32 are what
-    the kernel reads; ``length`` is the same count kept on the host (no sync to read it). ``k_shift``,
-    ``v_shift`` and ``seq_start`` are buffers too, so a captured step reads the values of the step before.
+    ``k``, ``v`` (B, capacity, Hkv, D), ``c`` (B, capacity, H) (head-major, ``fox_kernel.gate_cache``) and
+    ``cache_seqlens`` (B,) int32 are what the kernel reads; ``length`` is the same count kept on the host (no
+    sync to read it). ``k_shift``, ``v_shift`` and ``seq_start`` are buffers too, so a captured step reads
+    the values of the step before.
     """
 
     def __init__(self, capacity: int):
@@ -65,9 +66,8 @@ class StaticFoxCacheLayer(FoxCacheLayer):
         B, _, Hkv, D = k.shape
         self.k = k.new_zeros(B, self.capacity, Hkv, D)
         self.v = v.new_zeros(B, self.capacity, Hkv, D)
-        # token-major (B, capacity, H): the layout this cache's CUDA-graph decoding is checked with on a GPU
-        # (fox_kernel.gate_cache's head-major one reads faster in the decoding kernel)
-        self.c = torch.zeros(B, self.capacity, log_fgate.shape[2], dtype=torch.float32, device=k.device)
+        # head-major: the decoding kernel reads each head's prefix sums as one run of memory
+        self.c = gate_cache(B, self.capacity, log_fgate.shape[2], k.device)
         self.cache_seqlens = torch.zeros(B, dtype=torch.int32, device=k.device)
         self._seq_start = torch.zeros(B, dtype=torch.int32, device=k.device)
         self._rows = torch.arange(B, dtype=torch.int32, device=k.device)[:, None]
