@@ -20,16 +20,11 @@ import torch.nn.functional as F
 import triton
 
 from fox_kernel import forgetting_attention_with_kvcache
-from fox_kernel.testing import decode_inputs
+from fox_kernel.testing import decode_inputs, head_major
 
 SHAPES = [(8, 32768, 32, 8, 128), (64, 4096, 32, 8, 128), (1, 131072, 32, 8, 128), (8, 16384, 32, 8, 128),
           (32, 8192, 32, 8, 128)]
 PAGE = 256
-
-
-def head_major(c: torch.Tensor) -> torch.Tensor:
-    """The same (..., T, H) values stored head-major: a (..., T, H) view of (..., H, T) memory."""
-    return c.transpose(-1, -2).contiguous().transpose(-1, -2)
 
 
 def paged(x: torch.Tensor, perm: torch.Tensor, page: int) -> torch.Tensor:

@@ -50,6 +50,12 @@ def attention_inputs(B, Tq, Tk, H, Hkv, D, device, dtype, speed="fast", seed=0):
     return to(q, dtype), to(k, dtype), to(v, dtype), to(log_fgate, torch.float32)
 
 
+def head_major(c: torch.Tensor) -> torch.Tensor:
+    """The same (..., T, H) values stored head-major, as ``fox_kernel.gate_cache`` stores prefix sums: a
+    (..., T, H) view of (..., H, T) memory."""
+    return c.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 def decode_inputs(B, T, H, Hkv, D, device="cuda", dtype=torch.bfloat16, seed=0):
     """A full cache for decoding benchmarks: q (B, 1, H, D), k, v (B, T, Hkv, D) in ``dtype``, prefix sums c
     (B, T, H) of gates with mean log f about -0.03 (``speed="bench"``), stored head-major as the caches of
@@ -59,7 +65,7 @@ def decode_inputs(B, T, H, Hkv, D, device="cuda", dtype=torch.bfloat16, seed=0):
     k = torch.randn(B, T, Hkv, D, device=device, dtype=dtype)
     v = torch.randn_like(k)
     c = torch.cumsum(random_log_fgate((B, T, H), speed="bench", device=device), dim=1)
-    c = c.transpose(1, 2).contiguous().transpose(1, 2)
+    c = head_major(c)
     lens = torch.full((B,), T, dtype=torch.int32, device=device)
     return q, k, v, c, lens
 
