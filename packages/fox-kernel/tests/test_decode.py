@@ -287,6 +287,35 @@ def test_caches_made_here_hold_the_prefix_sums_head_major():
         gate_cache(4, -1, 3)
 
 
+def test_appending_to_a_cuda_cache_reads_nothing_on_the_host():
+    """A CUDA graph capture refuses every host read of a device value, so the appends of a decoding step
+    read none (values are checked on CPU tensors only). Run on fake CUDA tensors (``FakeTensorMode``, which
+    needs no GPU and raises on any read of a value: ``.item()``, ``bool()``, indexing with a 0-dim tensor):
+    a paged append with left padding, a row past its table and a page outside the pool, then a contiguous
+    prefill and a growing append."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fox_kernel import append_to_paged_cache, fill_empty_cache, gate_cache
+
+    B, H, Hkv, D, page = 3, 4, 2, 8, 5
+    with FakeTensorMode():
+        dev = torch.device("cuda")
+        kc = torch.zeros(6, page, Hkv, D, device=dev, dtype=torch.bfloat16)
+        vc, cc = torch.zeros_like(kc), gate_cache(6, page, H, dev)
+        table = torch.tensor([[0, 1], [2, 7], [4, 5]], dtype=torch.int32, device=dev)
+        lens = torch.tensor([3, 4, 10], dtype=torch.int32, device=dev)
+        k, v = (torch.randn(B, 2, Hkv, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        lf = torch.randn(B, 2, H, device=dev).clamp(max=-0.1)
+        starts = torch.tensor([0, 1, 0], dtype=torch.int32, device=dev)
+        new_lens = append_to_paged_cache(kc, vc, cc, table, lens, k, v, lf, seq_start=starts)
+        assert new_lens.shape == (B,) and new_lens.device.type == "cuda"
+        kb, vb, cb = torch.zeros(B, 9, Hkv, D, device=dev), torch.zeros(B, 9, Hkv, D, device=dev), gate_cache(
+            B, 9, H, dev)
+        fill_empty_cache(kb, vb, cb, k.float(), v.float(), lf, starts)
+        grown = append_to_cache(k, v, lf, k, v, lf, seq_start=starts)
+        assert grown[0].shape == (B, 4, Hkv, D)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_cuda_graph_captures_a_paged_decoding_step():
