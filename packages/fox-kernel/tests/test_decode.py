@@ -225,6 +225,59 @@ def test_decode_pruning_of_cache_tiles(device_dtype):
         forgetting_attention_with_kvcache(q, k, v, c, adaptive_threshold="auto")
 
 
+@pytest.mark.parametrize("device_dtype", DEVICES)
+@pytest.mark.parametrize("paged", [False, True])
+def test_one_slice_per_row_writes_what_the_merge_writes(device_dtype, paged, monkeypatch):
+    """A cache cut into one slice per row (as at 64 x 4k on an H200) is decoded and written by one kernel,
+    without the merge: the output is the float64 reference's, as the merged output of three slices is. GQA,
+    three new tokens, rows of different lengths (one of just the new tokens), left padding, a NaN prefix sum
+    (a NaN row)."""
+    from fox_kernel.ops.triton import decode as triton_decode
+    from fox_kernel.options import INTERPRET
+
+    device, dtype = device_dtype
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("the slices are the Triton kernel's (CUDA or the interpreter)")
+    B, T, H, Hkv, D, Tq, page = 4, 37, 6, 2, 24, 3, 5
+    q, k, v, lf = _data(B, T, H, Hkv, D, seed=11)
+    lengths, seq_start = torch.tensor([37, 20, 3, 29], dtype=torch.int32), torch.tensor([0, 3, 0, 0])
+    c = torch.zeros(B, T, H, dtype=torch.float64)
+    for b in range(B):
+        c[b, seq_start[b]:] = torch.cumsum(lf[b, seq_start[b]:].double(), dim=0)
+    c = c.float()
+    c[3, 10, 1] = float("nan")  # row 3's head 1 reads it: NaN
+    kc, vc, cc = k.to(dtype), v.to(dtype), c
+    table = None
+    if paged:  # pages of 5 tokens, 8 a row, in a shuffled pool
+        perm = torch.randperm(B * 8, generator=torch.Generator().manual_seed(2))
+        table = perm.view(B, 8).to(torch.int32)
+
+        def pool(x):
+            pages = torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, 8 * page - T])
+            out = torch.empty(B * 8, page, *x.shape[2:], dtype=x.dtype)
+            out[perm] = pages.reshape(B * 8, page, *x.shape[2:])
+            return out
+
+        kc, vc, cc = pool(kc), pool(vc), pool(cc)
+    qs = torch.stack([q[b, n - Tq:n] for b, n in enumerate(lengths.tolist())]).to(dtype)
+    to = lambda x: None if x is None else x.to(device)  # noqa: E731
+    outs = {}
+    for splits in (1, 3):
+        monkeypatch.setattr(triton_decode, "_num_splits", lambda *args, n=splits, **kwargs: n)
+        outs[splits] = forgetting_attention_with_kvcache(to(qs), to(kc), to(vc), to(cc), to(lengths),
+                                                         seq_start=to(seq_start), block_table=to(table)).cpu()
+    assert torch.isnan(outs[1][3, :, 1]).all() and not torch.isnan(outs[1][3, :, 0]).any()
+    for b in range(B):
+        n = int(lengths[b])
+        ref = forgetting_attention_ref(q[b:b + 1, :n], k[b:b + 1, :n], v[b:b + 1, :n], lf[b:b + 1, :n].double(),
+                                       seq_start=seq_start[b:b + 1])
+        for got in (outs[1], outs[3]):
+            heads = [0, 2, 3, 4, 5] if b == 3 else list(range(H))  # row 3's head 1 is NaN
+            torch.testing.assert_close(got[b][:, heads].double(), ref[0, n - Tq:][:, heads], rtol=2e-2, atol=2e-2)
+
+
 def _head_major(c):
     return c.transpose(1, 2).contiguous().transpose(1, 2)
 

@@ -64,15 +64,18 @@ def _tile_rows(b, n0, kn, mask, BT, stride_btb, page_size, num_pages, PAGED: tl.
 
 @triton.jit
 def _decode_kernel(
-    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, BT, stride_btb, page_size, num_pages, THRESH, H,
-    q_strides, k_strides, v_strides, c_strides,
+    Q, K, V, C, LENS, SEQ_START, ACC, M_OUT, L_OUT, O, BT, stride_btb, page_size, num_pages, THRESH, H,
+    q_strides, k_strides, v_strides, c_strides, o_strides,
     B, HKV, TQ, Q0, ROWS, D, sm_scale2, WINDOW, TMAX,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_SEQ_START: tl.constexpr, PRECISION: tl.constexpr, PAGED: tl.constexpr, HAS_THRESH: tl.constexpr,
-    SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    SCAN: tl.constexpr, TILE_IN_PAGE: tl.constexpr, HAS_WINDOW: tl.constexpr, DIRECT: tl.constexpr,
 ):
     """One slice of the cache for one key/value head of one sequence, every query head of the group and
     every new token at once: the unnormalised output, running maximum and sum, merged by _merge_kernel.
+    With ``DIRECT`` (the cache is not split: one slice per row) the program normalises its rows and writes
+    them to O itself, as the merge of one slice would (the same values, bit for bit), and the merge's
+    launch and the partial outputs' round trip through memory are saved.
 
     Nothing is read outside the buffers, whatever the indices (their values are checked on the host only
     for CPU tensors): a length is clamped to [0, TMAX] and one past TMAX turns the sequence's rows to NaN;
@@ -168,10 +171,16 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     acc = tl.where(flag[:, None], float("nan"), acc)
-    slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
-    tl.store(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
-    tl.store(M_OUT + slot + rows, m_i)
-    tl.store(L_OUT + slot + rows, l_i)
+    if DIRECT:  # _merge_kernel's arithmetic for one slice: its weight is 2^0 = 1
+        stride_ob, stride_ot, stride_oh = o_strides
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        ptrs = O + bq * stride_ob + i[:, None].to(tl.int64) * stride_ot + h[:, None] * stride_oh + offs_d[None, :]
+        tl.store(ptrs, out.to(O.dtype.element_ty), mask=valid[:, None] & mask_d[None, :])
+    else:
+        slot = (pid_s * B * HKV + pid_bh).to(tl.int64) * BLOCK_M
+        tl.store(ACC + (slot + rows[:, None]) * BLOCK_D + offs_d[None, :], acc)
+        tl.store(M_OUT + slot + rows, m_i)
+        tl.store(L_OUT + slot + rows, l_i)
 
 
 @triton.jit
@@ -254,21 +263,28 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
         block_m = max(16, triton.next_power_of_2(group * rows))
-        # the slices' partial outputs, maxima and sums (n rows each) in one allocation
-        n = splits * B * Hkv * block_m
-        acc, m, lsum = torch.empty(n * (block_d + 2), dtype=torch.float32, device=q.device).split([n * block_d, n, n])
+        direct = splits == 1  # one slice per row: the decoding kernel writes the output itself
+        if direct:
+            acc = m = lsum = out  # not read or written
+        else:  # the slices' partial outputs, maxima and sums (n rows each) in one allocation
+            n = splits * B * Hkv * block_m
+            acc, m, lsum = torch.empty(n * (block_d + 2), dtype=torch.float32, device=q.device).split(
+                [n * block_d, n, n])
         launch.run(_decode_kernel, (splits, B * Hkv),
-            q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum,
+            q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, acc, m, lsum, out,
             block_table, 0 if block_table is None else block_table.stride(0),
             page_size, k_cache.shape[0], threshold, H,
             launch.strides(q), launch.strides(k_cache), launch.strides(v_cache), launch.strides(c_cache),
+            launch.strides(out),
             B, Hkv, Tq, q0, rows, D, sm_scale * LOG2E.value, window, Tmax,
             HAS_WINDOW=window > 0, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_SEQ_START=seq_start is not None,
             PAGED=block_table is not None, HAS_THRESH=threshold is not None, SCAN=launch.scan(),
             TILE_IN_PAGE=page_size % block_n == 0,
-            PRECISION=launch.precision(q.dtype),
+            PRECISION=launch.precision(q.dtype), DIRECT=direct,
             num_warps=tiles["num_warps"], num_stages=tiles["num_stages"] if q.is_cuda else 1,
         )
+        if direct:
+            continue
         launch.run(_merge_kernel, (B * Hkv, group * rows),
             acc, m, lsum, out, launch.strides(out), B, Hkv, q0, rows, D, splits,
             GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
