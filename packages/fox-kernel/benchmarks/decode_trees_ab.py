@@ -3,7 +3,8 @@
 rounds of fresh processes, with SDPA without a gate in every round. Each process checks its outputs against
 a float32 PyTorch reference. Prints the bandwidth (the cache's K/V bytes over the median time) of every
 round, eager and replayed from a CUDA graph (GPU time: no host cost), and the host time of one call (a
-small cache, so the GPU never holds the host back), and writes JSON.
+small cache, so the GPU never holds the host back) with whether the calls went through the cached
+launchers (``launch.CACHED``), and writes JSON.
 
     python packages/fox-kernel/benchmarks/decode_trees_ab.py --before before/packages/fox-kernel/src \\
         --out decode-trees-ab.json
@@ -72,6 +73,11 @@ def worker() -> None:
         forgetting_attention_with_kvcache(q, k, v, c, lens)
     host_us = (time.perf_counter() - start) / 200 * 1e6
     torch.cuda.synchronize()
+    from fox_kernel.ops.triton import launch
+
+    # whether the calls went through the compiled kernels' launchers (False: Triton's slower path, for good
+    # after a launcher refused the arguments), so a difference in host time can be told from a fallback
+    cached = getattr(launch, "CACHED", None)
     row = {}
     for B, T, H, Hkv, D in SHAPES:
         q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D)
@@ -89,7 +95,7 @@ def worker() -> None:
         del q, k, v, c, out, qt, kt, vt, ours, sdpa
         torch.cuda.empty_cache()
     print(json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                          host_us=host_us, tbps=row)))
+                          host_us=host_us, cached_launch=cached, tbps=row)))
 
 
 def run_tree(src: Path, script: Path = HERE, *worker_args: str) -> dict:
@@ -142,7 +148,8 @@ def main() -> None:
     args = tree_args(__doc__, 3, "decode-trees-ab.json").parse_args()
     if args.worker:
         return worker()
-    rounds = interleaved_rounds(args, HERE, lambda last: f"host {last['host_us']:.0f} us/call; " + ", ".join(
+    rounds = interleaved_rounds(args, HERE, lambda last: f"host {last['host_us']:.0f} us/call "
+        f"(cached launches: {last.get('cached_launch')}); " + ", ".join(
         f"{s} {v['ours']:.2f} (graph {v['ours_graph']:.2f}; SDPA {v['sdpa']:.2f})" for s, v in last["tbps"].items()))
     trees = list(rounds)
     summary = {name: dict(host_us=statistics.median(r["host_us"] for r in rounds[name])) for name in trees}
