@@ -259,11 +259,11 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     block_n = 16 if launch.INTERPRET or not q.is_cuda else tiles["block_n"]
     rows_per_launch = max(1, 64 // group)
     splits = _num_splits(q.device, B * Hkv, Tmax, block_n, tiles["programs_per_sm"], tiles["one_wave"])
+    direct = splits == 1  # one slice per row: the decoding kernel writes the output itself, without the merge
     out = torch.empty_like(q)
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
         block_m = max(16, triton.next_power_of_2(group * rows))
-        direct = splits == 1  # one slice per row: the decoding kernel writes the output itself
         if direct:
             acc = m = lsum = out  # not read or written
         else:  # the slices' partial outputs, maxima and sums (n rows each) in one allocation
