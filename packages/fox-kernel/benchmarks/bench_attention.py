@@ -280,7 +280,7 @@ def bench_decode():
         return triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
 
     rows = []
-    for B, T in ((8, 32768), (64, 4096)):
+    for B, T in ((8, 32768), (64, 4096), (1, 131072)):  # the three shapes of the decoding target
         H, Hkv, D = 32, 8, 128
         q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D)
         kv_bytes = 2 * k.numel() * k.element_size()
