@@ -11,7 +11,8 @@ tables and writes JSON, rewritten after every row (a run cut short keeps what it
 Calls are eager (the host's Python and launches included: what a plain PyTorch loop sees). With ``--graph``
 every contender's attention and pruning cell is also timed replayed from a CUDA graph captured once (the GPU time alone,
 ``bench_pruning.py``'s capture), as a second table and the JSON keys "NAME graph": where a contender's eager
-cell is below its graph cell, that call waits on its host. ``--rounds N`` times each pruning cell's eager
+cell is below its graph cell, that call waits on its host. Decoding's contiguous, pruned and SDPA cells are
+timed the same way (JSON keys "NAME_graph_ms" and "NAME_graph_TBps"). ``--rounds N`` times each pruning cell's eager
 calls N times, the contenders in turn, and reports the medians.
 
     python packages/fox-kernel/benchmarks/bench_attention.py --out bench.json [--quick] [--official PATH] [--graph] \\
@@ -28,6 +29,7 @@ tables in markdown, as the kernel README shows them (no GPU):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -164,7 +166,7 @@ def main():
     if args.official:
         official = _load_official(args.official)  # the same file, loaded the same way as bench_pruning's
     if args.decode_only:
-        decode = bench_decode()
+        decode = bench_decode(args.graph)
         with open(args.out, "w") as f:
             json.dump(dict(env=_env(), decode=decode), f, indent=1)
         return
@@ -247,7 +249,7 @@ def main():
         print(f"[{time.perf_counter() - start:.0f} s]", flush=True)
 
     if not args.attention_only:
-        decode.extend(bench_decode())
+        decode.extend(bench_decode(args.graph))
         save()
     print("\n" + " | ".join(f"{k}={v}" for k, v in env.items()))
     print("TFLOP/s (bf16, causal; fwd FLOPs 2BHT^2D, fwd+bwd 3.5x)")
@@ -268,11 +270,13 @@ def _env():
                 python=platform.python_version())
 
 
-def bench_decode():
+def bench_decode(graph: bool = False):
     """One new token per sequence against a cache: bandwidth = K/V bytes of the cache / time.
 
     Contiguous caches, paged caches (shuffled pages of 16 and 256 tokens) and, with fast gates, cache-tile
-    pruning at the eps = e^-10 bound (its bandwidth is effective: the whole cache's bytes over the time)."""
+    pruning at the eps = e^-10 bound (its bandwidth is effective: the whole cache's bytes over the time).
+    With ``graph`` the contiguous, pruned and SDPA calls are also timed replayed from a CUDA graph (GPU time
+    alone): a small cache's eager call can wait on the host."""
     from fox_kernel import forgetting_attention_with_kvcache
     from fox_kernel.testing import decode_inputs
 
@@ -288,6 +292,10 @@ def bench_decode():
         row["ours_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens))
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         row["sdpa_no_gate_ms"] = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+        # the same calls replayed from a CUDA graph: (fn, q, k, v, gates, lengths) as capture_graph takes them
+        graphed = {"ours": (forgetting_attention_with_kvcache, q, k, v, c, lens),
+                   "sdpa_no_gate": (lambda a, b, d, *_: F.scaled_dot_product_attention(a, b, d, enable_gqa=True),
+                                    qt, kt, vt, c, lens)}
         ref = forgetting_attention_with_kvcache(q, k, v, c, lens)  # what each paged layout must give
         for page in (16, 256):
             n_pages = B * T // page
@@ -305,12 +313,19 @@ def bench_decode():
         bound = float(-(2 * u + math.log(T)) - 10)
         row["pruning_bound"] = bound
         row["pruned_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens, adaptive_threshold=bound))
+        graphed["pruned"] = (functools.partial(forgetting_attention_with_kvcache, adaptive_threshold=bound),
+                             q, k, v, c, lens)
         for name in ("ours", "sdpa_no_gate", "paged16", "paged256", "pruned"):
             row[f"{name}_TBps"] = kv_bytes / row[f"{name}_ms"] / 1e9
+        for name, (fn, *args) in graphed.items() if graph else ():
+            row[f"{name}_graph_ms"] = graph_time(fn, args, "fwd")
+            row[f"{name}_graph_TBps"] = kv_bytes / row[f"{name}_graph_ms"] / 1e9
         rows.append(row)
         print(f"decode B={B} T={T} (TB/s): ours {row['ours_TBps']:.2f} ({row['ours_ms'] * 1e3:.0f} us), paged 16 "
               f"{row['paged16_TBps']:.2f}, paged 256 {row['paged256_TBps']:.2f}, pruned (eff.) {row['pruned_TBps']:.2f}"
-              f" ({row['pruned_ms'] * 1e3:.0f} us), SDPA without gate {row['sdpa_no_gate_TBps']:.2f}")
+              f" ({row['pruned_ms'] * 1e3:.0f} us), SDPA without gate {row['sdpa_no_gate_TBps']:.2f}" + (
+              f"; GPU time: ours {row['ours_graph_TBps']:.2f}, pruned (eff.) {row['pruned_graph_TBps']:.2f}, SDPA "
+              f"{row['sdpa_no_gate_graph_TBps']:.2f}" if graph else ""))
     return rows
 
 
@@ -386,10 +401,14 @@ def markdown_tables(result: dict) -> list[str]:
         tables.append(_table(["D", "gates (mean log f)", "mode", *PRUNING_COLUMNS.values(), "official / ours auto",
                               "same, GPU time"], rows))
     if result.get("decode"):
+        # a run with --graph adds the ratio in GPU time (both calls replayed from a CUDA graph)
+        graph = all("ours_graph_TBps" in r for r in result["decode"])
         rows = [[f"{r['B']} × {r['T'] // 1024}k", f"{r['ours_TBps']:.2f} ({r['ours_ms'] * 1e3:.0f} us)",
-                 *(f"{r[f'{n}_TBps']:.2f}" for n in DECODE_COLUMNS), _ratio(r["ours_TBps"] / r["sdpa_no_gate_TBps"], False)]
+                 *(f"{r[f'{n}_TBps']:.2f}" for n in DECODE_COLUMNS), _ratio(r["ours_TBps"] / r["sdpa_no_gate_TBps"], False),
+                 *([_ratio(r["ours_graph_TBps"] / r["sdpa_no_gate_graph_TBps"], False)] if graph else [])]
                 for r in result["decode"]]
-        tables.append(_table(["B × T", "ours", *DECODE_COLUMNS.values(), "ours / SDPA"], rows))
+        tables.append(_table(["B × T", "ours", *DECODE_COLUMNS.values(), "ours / SDPA",
+                              *(["same, GPU time"] if graph else [])], rows))
     return tables
 
 
