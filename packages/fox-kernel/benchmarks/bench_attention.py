@@ -474,6 +474,11 @@ def plot(result: dict, path: str) -> None:
             names = [("ours", "ours"), ("paged, 16-token pages", "paged16"), ("paged, 256-token pages", "paged256"),
                      ("SDPA, no gate", "sdpa_no_gate")]
             series = [(label, [r[f"{key}_TBps"] for r in decode], {}) for label, key in names]
+            if all("ours_graph_TBps" in r for r in decode):  # a --graph run: ours and SDPA in GPU time too
+                series[1:1] = [("ours, GPU time", [r["ours_graph_TBps"] for r in decode],
+                                dict(hatch="//", edgecolor="white"))]
+                series.append(("SDPA, no gate, GPU time", [r["sdpa_no_gate_graph_TBps"] for r in decode],
+                               dict(hatch="//", edgecolor="white")))
             bars(ax, [f"B={r['B']} x T={r['T'] // 1024}k, {r['H']}/{r['Hkv']}" for r in decode], series,
                  "TB/s of K/V read")
             ax.set_title("Decoding: one new token per sequence", fontsize=9)
