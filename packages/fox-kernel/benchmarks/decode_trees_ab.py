@@ -103,24 +103,29 @@ def worker() -> None:
                           host_us=host_us, host_us_batches=batches, cached_launch=cached, tbps=row)))
 
 
-def run_tree(src: Path, script: Path = HERE, *worker_args: str) -> dict:
+def run_tree(src: Path, script: Path = HERE, *worker_args: str, cpu: int | None = None) -> dict:
     """The last JSON line of ``script --worker *worker_args`` run in a fresh process that imports fox_kernel
-    from ``src``."""
+    from ``src``, on CPU ``cpu`` alone when given."""
     paths = [str(src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "fox-kernel" not in p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     done = subprocess.run([sys.executable, str(script), "--worker", *worker_args], env=env, capture_output=True,
-                          text=True)
+                          text=True, preexec_fn=pin)
     if done.returncode != 0:
         raise SystemExit(f"{script.name}: the run of {src} failed: {(done.stderr or done.stdout)[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def tree_args(doc: str, rounds: int, out: str) -> argparse.ArgumentParser:
-    """The command line both tree comparisons share: --before, --rounds, --out (and the hidden --worker)."""
+    """The command line both tree comparisons share: --before, --rounds, --out, --cpu (and the hidden
+    --worker)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--before", type=Path, help="the other tree's fox-kernel src folder")
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--out", default=out)
+    # the lent GPU hosts are virtual machines whose CPUs differ: the same call pinned to each of eight CPUs of
+    # one host took 76-140 us of host time, so host times compare only between processes on one CPU
+    ap.add_argument("--cpu", type=int, help="run every worker process on this CPU alone (default: any)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
 
@@ -133,11 +138,14 @@ def interleaved_rounds(args, script: Path, describe, *worker_args: str) -> dict:
         raise SystemExit(f"{script.name}: --before must be a folder holding fox_kernel/, got {args.before}")
     if args.rounds < 1:
         raise SystemExit(f"{script.name}: --rounds must be >= 1, got {args.rounds}")
+    if args.cpu is not None and args.cpu not in os.sched_getaffinity(0):
+        raise SystemExit(f"{script.name}: --cpu must be one of this process's CPUs "
+                         f"{sorted(os.sched_getaffinity(0))}, got {args.cpu}")
     trees = {"before": args.before.resolve(), "after": AFTER}
     rounds = {name: [] for name in trees}
     for r in range(args.rounds):
         for name, src in trees.items():
-            rounds[name].append(run_tree(src, script, *worker_args))
+            rounds[name].append(run_tree(src, script, *worker_args, cpu=args.cpu))
             print(f"round {r + 1} {name}: {describe(rounds[name][-1])}", flush=True)
     return rounds
 
@@ -146,7 +154,7 @@ def save_rounds(args, rounds: dict, summary: dict) -> None:
     """Writes the comparison's JSON: the GPU and versions of its first round, the summary and every round."""
     env = {k: rounds["after"][0][k] for k in ("gpu", "torch", "triton")}
     with open(args.out, "w") as f:
-        json.dump(dict(env=env, before=str(args.before), summary=summary, rounds=rounds), f, indent=1)
+        json.dump(dict(env=env, before=str(args.before), cpu=args.cpu, summary=summary, rounds=rounds), f, indent=1)
 
 
 def main() -> None:
