@@ -124,7 +124,7 @@ def tree_args(doc: str, rounds: int, out: str) -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--out", default=out)
     # the lent GPU hosts are virtual machines whose CPUs differ: the same call pinned to each of eight CPUs of
-    # one host took 76-140 us of host time, so host times compare only between processes on one CPU
+    # one host took 76-140 us of host time, so a comparison of host times keeps both trees on one CPU
     ap.add_argument("--cpu", type=int, help="run every worker process on this CPU alone (default: any)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap
