@@ -289,13 +289,16 @@ def bench_decode(graph: bool = False):
         q, k, v, c, lens = decode_inputs(B, T, H, Hkv, D)
         kv_bytes = 2 * k.numel() * k.element_size()
         row = dict(B=B, T=T, H=H, Hkv=Hkv, D=D, mean_log_f=float(c[:, -1].mean() / T))
-        row["ours_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens))
+        calls = {}  # name: (fn, (q, k, v, gates, lengths)), as capture_graph takes a call to replay it
+
+        def eager(name, fn, *args):
+            calls[name] = (fn, args)
+            row[f"{name}_ms"] = timed(functools.partial(fn, *args))
+
+        eager("ours", forgetting_attention_with_kvcache, q, k, v, c, lens)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        row["sdpa_no_gate_ms"] = timed(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
-        # the same calls replayed from a CUDA graph: (fn, q, k, v, gates, lengths) as capture_graph takes them
-        graphed = {"ours": (forgetting_attention_with_kvcache, q, k, v, c, lens),
-                   "sdpa_no_gate": (lambda a, b, d, *_: F.scaled_dot_product_attention(a, b, d, enable_gqa=True),
-                                    qt, kt, vt, c, lens)}
+        eager("sdpa_no_gate", lambda a, b, d, *_: F.scaled_dot_product_attention(a, b, d, enable_gqa=True),
+              qt, kt, vt, c, lens)
         ref = forgetting_attention_with_kvcache(q, k, v, c, lens)  # what each paged layout must give
         for page in (16, 256):
             n_pages = B * T // page
@@ -312,12 +315,11 @@ def bench_decode(graph: bool = False):
         u = q.float().norm(dim=-1).amax() * k.float().norm(dim=-1).amax() * D**-0.5
         bound = float(-(2 * u + math.log(T)) - 10)
         row["pruning_bound"] = bound
-        row["pruned_ms"] = timed(lambda: forgetting_attention_with_kvcache(q, k, v, c, lens, adaptive_threshold=bound))
-        graphed["pruned"] = (functools.partial(forgetting_attention_with_kvcache, adaptive_threshold=bound),
-                             q, k, v, c, lens)
+        eager("pruned", functools.partial(forgetting_attention_with_kvcache, adaptive_threshold=bound),
+              q, k, v, c, lens)
         for name in ("ours", "sdpa_no_gate", "paged16", "paged256", "pruned"):
             row[f"{name}_TBps"] = kv_bytes / row[f"{name}_ms"] / 1e9
-        for name, (fn, *args) in graphed.items() if graph else ():
+        for name, (fn, args) in calls.items() if graph else ():  # the same calls replayed from a CUDA graph
             row[f"{name}_graph_ms"] = graph_time(fn, args, "fwd")
             row[f"{name}_graph_TBps"] = kv_bytes / row[f"{name}_graph_ms"] / 1e9
         rows.append(row)
