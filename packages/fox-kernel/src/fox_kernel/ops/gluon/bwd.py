@@ -110,13 +110,11 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
 @gluon.jit
 def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2, offs_n,
                start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, rs_row, q_row, h,
-               ds_all, k_cols, ds_full, ds_free, BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr,
-               STAGES: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr, FUSED_DQ: gl.constexpr,
-               DQ_SPLIT: gl.constexpr, COL0: gl.constexpr):
+               BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+               a_layout: gl.constexpr, FUSED_DQ: gl.constexpr):
     """Query block ``start_m``, from ring slot ``i``. With FUSED_DQ, also this warpgroup's share of the
-    block's dQ and of the row term of dc, added into float32 tensors with TMA reductions: without DQ_SPLIT
-    dS K over its own keys (all columns), with DQ_SPLIT dS K over the whole key block (both warpgroups'
-    dS, ``ds_all``) for the columns [COL0, COL0 + HEAD_D/2) of dQ (``k_cols``: those columns of K)."""
+    block's dQ (dS K over its keys) and of the row term of dc, added into float32 tensors with TMA
+    reductions."""
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
     q_t = q_s.index(s)
@@ -138,22 +136,15 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
     dtype: gl.constexpr = q_s.dtype
     dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do_t, dv, is_async=True)
     if FUSED_DQ:
-        # dq_s: DQ_BUFS buffers (alternating by step) of DQ_PARTS tiles of PART columns each, computed one
-        # after another (fewer accumulator registers live at once)
-        DQ_BUFS: gl.constexpr = rs_s.shape[0]
-        DQ_PARTS: gl.constexpr = dq_s.shape[0] // DQ_BUFS
-        PART: gl.constexpr = dq_s.shape[2]
         ds_lo = ds_t.to(dtype)
-        if DQ_SPLIT:  # both warpgroups' dQ matmuls of the step before are done reading ds_all
-            mbarrier.wait(ds_free, (i & 1) ^ 1)
         ds_s.store(ds_lo)
         fence_async_shared()
-        # the reductions that read this step's buffers (DQ_BUFS steps ago) are done with them
-        tma.store_wait((DQ_BUFS - 1) * (DQ_PARTS + 1))
+        tma.store_wait(2)  # the reductions that read this step's buffers (two steps ago) are done with them
         gl.thread_barrier()  # and every lane's part of dS is in place for the matmuls that read it
         dk = warpgroup_mma(gl.convert_layout(ds_lo, a_layout), q_t, dk, is_async=True)
-        if DQ_SPLIT:
-            ampere_mbarrier.arrive(ds_full)
+        dq_layout: gl.constexpr = wgmma_layout(HEAD_D)
+        dq = warpgroup_mma(ds_s.permute((1, 0)), k_s, gl.zeros([BLOCK_M, HEAD_D], gl.float32, dq_layout),
+                           use_acc=False, is_async=True)
         dc = dc - gl.sum(ds_t, axis=1)
         # the row term of dc: each warp's sums over its own keys (no exchange between warps: as atomics
         # of whole-tile sums it cost 0.9 of 3.6 ms at T=16k, H=12); the four partial sums go to four rows
@@ -161,31 +152,15 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
         # as a matmul with ones, they were cheaper but 7x further from float64 in the gate gradient.)
         ROWS: gl.constexpr = ds_s.shape[0]
         rs = gl.sum(gl.reshape(ds_t, [4, ROWS // 4, BLOCK_M]), axis=1)
-        dq_layout: gl.constexpr = wgmma_layout(PART)
-        if DQ_SPLIT:
-            mbarrier.wait(ds_full, i & 1)  # the other warpgroup's half of dS is in place
-            ds_a = ds_all.permute((1, 0))
-        else:
-            ds_a = ds_s.permute((1, 0))
-        dq = warpgroup_mma(ds_a, k_cols.slice(0, PART, dim=1), gl.zeros([BLOCK_M, PART], gl.float32, dq_layout),
-                           use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(num_outstanding=0, deps=[dv, dk, dq])
         ampere_mbarrier.arrive(empty.index(s))
-        first = (i % DQ_BUFS) * DQ_PARTS
-        dq_s.index(first).store(dq)
-        for part in gl.static_range(1, DQ_PARTS):
-            dq = warpgroup_mma(ds_a, k_cols.slice(part * PART, PART, dim=1),
-                               gl.zeros([BLOCK_M, PART], gl.float32, dq_layout), use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=[dq])
-            dq_s.index(first + part).store(dq)
-        if DQ_SPLIT:
-            ampere_mbarrier.arrive(ds_free)
-        rs_buf = rs_s.index(i % DQ_BUFS)
+        buf = dq_s.index(i % 2)
+        rs_buf = rs_s.index(i % 2)
+        buf.store(dq)
         rs_buf.store(rs)
         fence_async_shared()
         gl.thread_barrier()
-        for part in gl.static_range(DQ_PARTS):
-            tma_add(dq_desc, [q_row + start_m, h * HEAD_D + COL0 + part * PART], dq_s.index(first + part))
+        tma_add(dq_desc, [q_row + start_m, h * HEAD_D], buf)
         tma_add(rs_desc, [rs_row, start_m], rs_buf)
     else:
         dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q_t, dk, is_async=True)
@@ -199,12 +174,11 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
 def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                        b, hk, H, pid_n, shift, t_q, t_k,
                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-                       stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_all, dq_s, rs_desc, rs_s, ds_bars,
+                       stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                       FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr, DQ_SPLIT: gl.constexpr):
-    """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS); with DQ_SPLIT also its half of the
-    dQ columns (the first warpgroup the first half)."""
+                       FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr):
+    """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -213,14 +187,6 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
     m_lo, m_mid = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
     k_s = k_all.slice(ROW0, ROWS)
     v_s = v_all.slice(ROW0, ROWS)
-    if DQ_SPLIT:  # this warpgroup's rows of the shared dS tile, and its columns of dQ and K
-        COL0: gl.constexpr = ROW0 // ROWS * (HEAD_D // 2)
-        ds_s = ds_all.slice(ROW0, ROWS)
-        k_cols = k_all.slice(COL0, HEAD_D // 2, dim=1)
-    else:  # its own dS tile (ds_all), all columns
-        COL0: gl.constexpr = 0
-        ds_s = ds_all
-        k_cols = k_s
     offs_n = pid_n * BLOCK_N + ROW0 + gl.arange(0, ROWS, layout=row_layout)
     mask_n = offs_n < t_k
     zero = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
@@ -238,8 +204,7 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
         for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH, HEADS_FIRST), BLOCK_M):
             dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2,
                                     offs_n, start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
-                                    (b * H + h) * 4, b * t_q, h, ds_all, k_cols, ds_bars.index(0), ds_bars.index(1),
-                                    BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ, DQ_SPLIT, COL0)
+                                    (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ)
             i += 1
         gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
     if FUSED_DQ:
@@ -262,14 +227,10 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
                       H, HKV, Tq, Tk, sm_scale, sm_scale2,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr,
-                      DQ_SPLIT: gl.constexpr, DQ_PARTS: gl.constexpr):
+                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr):
     """dK, dV and the column term of dc; with FUSED_DQ also dQ / sm_scale and the row term of dc, added
-    with TMA reductions into the float32 tensors of ``dq_desc`` (q's layout, tiles of BLOCK_M rows and
-    HEAD_D columns, HEAD_D / 2 with DQ_SPLIT) and ``rs_desc`` ((B*H*4, Tq): four partial sums per row): the
-    one-pass backward. DQ_SPLIT: the two warpgroups write their dS into one shared tile and each computes
-    half of dQ's columns over the whole key block (one reduction of BLOCK_M x HEAD_D per query block, not
-    one per warpgroup), meeting at two barriers per query block."""
+    with TMA reductions into the float32 tensors of ``dq_desc`` (q's layout) and ``rs_desc`` ((B*H*4, Tq):
+    four partial sums per row): the one-pass backward."""
     if HEADS_FIRST:  # every head's heaviest key blocks (the first) first
         pid_n = gl.program_id(1)
         pid_bh = gl.program_id(0)
@@ -297,29 +258,14 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     mbarrier.init(kv_bar, count=1)
     ROWS: gl.constexpr = BLOCK_N // 2
     # per consumer: its dS tile (the A operand of its dQ matmul) and two float32 dQ tiles for the reductions
-    ds_bars = empty  # not used unless DQ_SPLIT
     if FUSED_DQ:
-        DQ_COLS: gl.constexpr = HEAD_D // 2 if DQ_SPLIT else HEAD_D
-        if DQ_SPLIT:
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-            ds_s = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-            ds2_s = ds_s
-            # where the two meet: their dS complete, and dS read by both dQ matmuls
-            ds_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for j in gl.static_range(2):
-                mbarrier.init(ds_bars.index(j), count=2)
-        else:
-            ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dtype)
-            ds_s = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_M], ds_layout)
-            ds2_s = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_M], ds_layout)
-        # two buffers per warpgroup, so that a step's reductions overlap the next step; one where a
-        # warpgroup's dQ tile has 128 columns (two would not fit in shared memory)
-        DQ_BUFS: gl.constexpr = 1 if DQ_COLS == 128 else 2
-        PART: gl.constexpr = DQ_COLS // DQ_PARTS
-        dq_s = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * DQ_PARTS, BLOCK_M, PART], dq_desc.layout)
-        dq2_s = gl.allocate_shared_memory(gl.float32, [DQ_BUFS * DQ_PARTS, BLOCK_M, PART], dq_desc.layout)
-        rs_s = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 4, BLOCK_M], rs_desc.layout)
-        rs2_s = gl.allocate_shared_memory(gl.float32, [DQ_BUFS, 4, BLOCK_M], rs_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, BLOCK_M], dtype)
+        ds_s = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_M], ds_layout)
+        ds2_s = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_M], ds_layout)
+        dq_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_desc.layout)
+        dq2_s = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_desc.layout)
+        rs_s = gl.allocate_shared_memory(gl.float32, [2, 4, BLOCK_M], rs_desc.layout)
+        rs2_s = gl.allocate_shared_memory(gl.float32, [2, 4, BLOCK_M], rs_desc.layout)
     else:  # not used
         ds_s = k_s
         ds2_s = k_s
@@ -338,14 +284,14 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
         [
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                                   b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
-                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, ds_bars,
+                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS,
-                                  FUSED_DQ, HEADS_FIRST, DQ_SPLIT)),
+                                  FUSED_DQ, HEADS_FIRST)),
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                                   b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
-                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s, ds_bars,
+                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS,
-                                  FUSED_DQ, HEADS_FIRST, DQ_SPLIT)),
+                                  FUSED_DQ, HEADS_FIRST)),
             (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
                                stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, Tq,
                                GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, HEADS_FIRST)),

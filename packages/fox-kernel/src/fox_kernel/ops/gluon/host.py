@@ -22,8 +22,6 @@ from fox_kernel.ops.gluon.tiles import (
     GLUON_DQ_TILES,
     GLUON_FWD_FIXED_TILES,
     GLUON_FWD_TILES,
-    GLUON_ONE_PASS_PARTS,
-    GLUON_ONE_PASS_SPLIT,
     GLUON_TILES,
     gluon_blocks,
     launch_grid,
@@ -121,15 +119,13 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
     grid, hf = launch_grid(triton.cdiv(Tk, block_n), B * Hkv, D == 64 and Hkv < H)
     q_desc = _descriptor(q, block_m)
     one_pass = dq is not None
-    split = one_pass and GLUON_ONE_PASS_SPLIT[D]
-    parts = GLUON_ONE_PASS_PARTS[D] if one_pass and not split else 1
     # the one pass's float32 outputs: dQ / sm_scale, and four partial row sums per query (one per warp),
     # rows padded to 16 bytes; without it the kernel reads neither (the query descriptor stands in)
     dq_desc = rs_desc = q_desc
     if one_pass:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         row_sums = torch.zeros(B * H * 4, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
-        dq_desc = _descriptor(dq_acc, block_m, (D // 2 if split else D) // parts)
+        dq_desc = _descriptor(dq_acc, block_m)
         rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
     launch.run(gluon_dkdv_kernel, grid,
         q_desc, _descriptor(do, block_m), *kv,
@@ -138,7 +134,7 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
         H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass, HEADS_FIRST=hf, DQ_SPLIT=split, DQ_PARTS=parts,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass, HEADS_FIRST=hf,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
     if one_pass:
@@ -202,16 +198,15 @@ _DESCRIPTORS: dict[tuple, TensorDescriptor] = {}
 _MAX_DESCRIPTORS = 1024
 
 
-def _descriptor(x, rows, cols=None):
-    """TMA descriptor of a (B, T, H, D) tensor read as (B*T, H*D) in (rows, cols) tiles (cols: default D; a
-    copy where its strides do not allow that view)."""
-    cols = x.shape[3] if cols is None else cols
+def _descriptor(x, rows):
+    """TMA descriptor of a (B, T, H, D) tensor read as (B*T, H*D) in (rows, D) tiles (a copy where its
+    strides do not allow that view)."""
     if not CACHED_DESCRIPTORS:
-        return _new_descriptor(x, rows, cols)
-    key = (x.data_ptr(), x.get_device(), x.shape, x.stride(), x.dtype, rows, cols)
+        return _new_descriptor(x, rows)
+    key = (x.data_ptr(), x.get_device(), x.shape, x.stride(), x.dtype, rows)
     desc = _DESCRIPTORS.get(key)
     if desc is None:
-        desc = _new_descriptor(x, rows, cols)
+        desc = _new_descriptor(x, rows)
         if desc.base is not x:  # a copy: its descriptor must hold it until the launch
             return desc
         desc.base = _Address(key[0], x.dtype)
@@ -221,16 +216,15 @@ def _descriptor(x, rows, cols=None):
     return desc
 
 
-def _new_descriptor(x, rows, cols=None):
+def _new_descriptor(x, rows):
     """``_descriptor``'s descriptor built afresh, holding ``x`` (or its contiguous copy)."""
-    cols = x.shape[3] if cols is None else cols
     view = _rows_view(x)
     if view is None:
         x = x.contiguous()
         view = _rows_view(x)
     n_rows, stride = view
-    return TensorDescriptor(x, [n_rows, x.shape[2] * x.shape[3]], [stride, 1], [rows, cols],
-                            _tile_layout(rows, cols, x.dtype))
+    D = x.shape[3]
+    return TensorDescriptor(x, [n_rows, x.shape[2] * D], [stride, 1], [rows, D], _tile_layout(rows, D, x.dtype))
 
 
 def _matrix_descriptor(x, block):

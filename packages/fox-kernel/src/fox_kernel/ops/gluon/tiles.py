@@ -32,12 +32,6 @@ GLUON_FWD_FIXED_TILES = {64: (192, 64, 3, 168, 24, 3), 128: (128, 128, 3, 240, 2
 # Head dims of the one-pass backward (the dK/dV pass adding dQ in): its two float32 dQ tiles per consumer
 # need 128 KiB of shared memory at D=128, more than is left.
 GLUON_ONE_PASS_DIMS = (64,)
-# Whether the one-pass backward splits dQ's columns between the two warpgroups (one shared dS tile of the
-# whole key block; see bwd.gluon_dkdv_kernel) rather than each adding its own keys' dQ over all columns.
-GLUON_ONE_PASS_SPLIT = {64: False, 128: False}
-# Without the split: in how many column parts a warpgroup computes its dQ tile, one after another (fewer
-# accumulator registers live at once).
-GLUON_ONE_PASS_PARTS = {64: 1, 128: 2}
 
 
 def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
