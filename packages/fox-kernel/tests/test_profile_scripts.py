@@ -177,3 +177,33 @@ def test_decode_layout_ab_keeps_the_values_in_both_layouts(monkeypatch, benchmar
     monkeypatch.setattr(sys, "argv", ["decode_layout_ab.py", "--rounds", "0"])
     with pytest.raises(SystemExit, match=r"^--rounds must be at least 1, got 0$"):
         ab.main()
+
+
+def test_order_ab_reads_each_samples_clock_from_its_window(benchmark_script, tmp_path):
+    """order_ab.annotate takes the median SM clock and power of the log lines inside each sample's window
+    (a line cut short is skipped), and its table gives cuDNN's time over each contender's per round."""
+    import datetime
+
+    order = benchmark_script("order_ab")
+    t0 = datetime.datetime(2026, 11, 29, 4, 23, 11, 700000)
+
+    def stamp(seconds):
+        return (t0 + datetime.timedelta(seconds=seconds)).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
+    clocks = [1980, 1965, 1700, 1710, 1690, 1845, 1830, 1815]
+    lines = [f"{stamp(0.1 * i)}, {c}, {300 + 50 * i:.2f}, 40" for i, c in enumerate(clocks)]
+    lines.insert(3, f"{stamp(0.25)}, 17")  # cut short
+    log = tmp_path / "clocks.csv"
+    log.write_text("\n".join(lines) + "\n")
+    start = t0.timestamp()
+    samples = [dict(round=0, place=0, contender="sdpa_cudnn", ms=7.3, start=start + 0.15, end=start + 0.45),
+               dict(round=0, place=1, contender="fox (ours)", ms=7.9, start=start + 0.45, end=start + 0.75),
+               dict(round=1, place=0, contender="fox (ours)", ms=8.0, start=start + 5, end=start + 6)]
+    result = dict(rounds=1, cells=[dict(B=1, T=16384, H=16, D=128, samples=samples)])
+    order.annotate(result, str(log))
+    assert samples[0]["sm_clock_mhz"] == 1700 and samples[0]["power_w"] == 450  # 0.2, 0.3, 0.4 s
+    assert samples[1]["sm_clock_mhz"] == 1830  # 0.5, 0.6, 0.7 s: 1845, 1830, 1815
+    assert samples[2]["sm_clock_mhz"] is None  # no log line inside its window
+    text = order.table(result)
+    assert f"cuDNN / it per round: {7.3 / 7.9:.3f}" in text
+    assert "1830 MHz" in text and "1700 MHz" in text
