@@ -44,7 +44,9 @@ from fox_kernel.ops.gluon.common import (
     kv_load_partition,
     kv_ring,
     query_program,
+    thread_barrier,
     tma_add,
+    tma_load,
     wgmma_layout,
 )
 
@@ -99,11 +101,11 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
             lse_s.index(s).store(lse * LOG2E - (c_q2 + seg))
             delta_s.index(s).store(delta)
-            gl.thread_barrier()  # every lane's stores before the one-thread arrival below
+            thread_barrier()  # every lane's stores before the one-thread arrival below
             mbarrier.expect(ready.index(s), nbytes)
             row = b * t_q + start_m
-            tma.async_copy_global_to_shared(q_desc, [row, h * HEAD_D], ready.index(s), q_s.index(s))
-            tma.async_copy_global_to_shared(do_desc, [row, h * HEAD_D], ready.index(s), do_s.index(s))
+            tma_load(q_desc, [row, h * HEAD_D], ready.index(s), q_s.index(s))
+            tma_load(do_desc, [row, h * HEAD_D], ready.index(s), do_s.index(s))
             i += 1
 
 
@@ -140,7 +142,7 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
         ds_s.store(ds_lo)
         fence_async_shared()
         tma.store_wait(2)  # the reductions that read this step's buffers (two steps ago) are done with them
-        gl.thread_barrier()  # and every lane's part of dS is in place for the matmuls that read it
+        thread_barrier()  # and every lane's part of dS is in place for the matmuls that read it
         dk = warpgroup_mma(gl.convert_layout(ds_lo, a_layout), q_t, dk, is_async=True)
         dq_layout: gl.constexpr = wgmma_layout(HEAD_D)
         dq = warpgroup_mma(ds_s.permute((1, 0)), k_s, gl.zeros([BLOCK_M, HEAD_D], gl.float32, dq_layout),
@@ -159,7 +161,7 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
         buf.store(dq)
         rs_buf.store(rs)
         fence_async_shared()
-        gl.thread_barrier()
+        thread_barrier()
         tma_add(dq_desc, [q_row + start_m, h * HEAD_D], buf)
         tma_add(rs_desc, [rs_row, start_m], rs_buf)
     else:
@@ -276,8 +278,8 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
 
     k_row = b * Tk + pid_n * BLOCK_N
     mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_D * dtype.primitive_bitwidth // 8)
-    tma.async_copy_global_to_shared(k_desc, [k_row, hk * HEAD_D], kv_bar, k_s)
-    tma.async_copy_global_to_shared(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
+    tma_load(k_desc, [k_row, hk * HEAD_D], kv_bar, k_s)
+    tma_load(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
 
     # (constexprs are spelled out: a tuple built in the kernel would turn them into tensors)
     gl.warp_specialize(
@@ -384,8 +386,8 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_R
 
     q_row = b * Tq + pid_m * BLOCK_M
     mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
-    tma.async_copy_global_to_shared(q_desc, [q_row, h * HEAD_D], q_bar, q_s)
-    tma.async_copy_global_to_shared(do_desc, [q_row, h * HEAD_D], q_bar, do_s)
+    tma_load(q_desc, [q_row, h * HEAD_D], q_bar, q_s)
+    tma_load(do_desc, [q_row, h * HEAD_D], q_bar, do_s)
 
     ROWS: gl.constexpr = BLOCK_M // 2
     gl.warp_specialize(

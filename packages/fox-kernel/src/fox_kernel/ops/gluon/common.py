@@ -15,6 +15,11 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from fox_kernel.ops.constants import LOG2E
 
+# TMA tile loads: ``async_load`` from Triton 3.8 on (3.9's ``async_copy_global_to_shared`` only raises)
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+# a barrier of the calling warps (the partition's, inside warp_specialize): ``barrier`` from Triton 3.7 on
+thread_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+
 if hasattr(tma, "async_atomic_add"):  # newer Gluon
     tma_add = tma.async_atomic_add
 else:
@@ -67,11 +72,11 @@ def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
         ck_s.index(s).store(c_k2 + seg)
-        gl.thread_barrier()
+        thread_barrier()
         mbarrier.expect(ready.index(s), nbytes)
         row = b * t_k + start_n
-        tma.async_copy_global_to_shared(k_desc, [row, hk * HEAD_D], ready.index(s), k_s.index(s))
-        tma.async_copy_global_to_shared(v_desc, [row, hk * HEAD_D], ready.index(s), v_s.index(s))
+        tma_load(k_desc, [row, hk * HEAD_D], ready.index(s), k_s.index(s))
+        tma_load(v_desc, [row, hk * HEAD_D], ready.index(s), v_s.index(s))
 
 
 @gluon.jit

@@ -9,7 +9,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mbarrier as ampere_mbarrier
 from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -21,6 +20,7 @@ from fox_kernel.ops.gluon.common import (
     kv_load_partition,
     kv_ring,
     query_program,
+    tma_load,
     wgmma_layout,
 )
 
@@ -215,7 +215,7 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
 
     mbarrier.expect(q_bar, BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
     for c in gl.static_range(CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_s.index(c))
+        tma_load(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_s.index(c))
 
     # (argument tuples spelled out per partition: a tuple built in the kernel turns constexprs into tensors)
     if CONSUMERS == 2:
