@@ -52,8 +52,9 @@ def compiled(monkeypatch):
 
     kernels = []
 
-    def compile_only(kernel, grid, *args, **kwargs):
-        compiled_kernel = kernel.run(*args, grid=grid, warmup=True, **kwargs)
+    def compile_only(kernel, grid, *args, **kwargs):  # as launch.run, with its options, but no launch
+        compiled_kernel = kernel.run(*args, grid=grid, warmup=True, **{**launch.LAUNCH_OPTIONS, **kwargs})
+        assert compiled_kernel.metadata.enable_fp_fusion
         kernels.append((kernel.fn.__name__, kwargs.get("HEAD_D"), compiled_kernel.metadata.shared))
 
     previous = driver._active
@@ -90,3 +91,66 @@ def test_every_gluon_kernel_compiles_for_sm90(compiled, D):
     assert {"_forward_sums_kernel", "_backward_prologue_kernel"} <= {name for name, _, _ in compiled}
     too_large = [(name, shared) for name, _, shared in compiled if shared > SHARED_PER_BLOCK]
     assert not too_large, f"kernels past an H100's shared memory per block: {too_large}"
+
+
+def test_triton_before_3_6_keeps_the_triton_kernels(monkeypatch):
+    """Triton 3.5's Gluon imports our kernels but cannot compile them (another ``warp_specialize``): below
+    MIN_TRITON ``available()`` says no, so the dispatcher never picks them."""
+    import triton
+
+    assert gluon.available()
+    monkeypatch.setattr(triton, "__version__", "3.5.1")
+    assert gluon.triton_version() == (3, 5) and not gluon.available()
+    monkeypatch.setattr(triton, "__version__", "3.10.0+git1234")
+    assert gluon.triton_version() == (3, 10) and gluon.available()
+
+
+def _failing(error):
+    def launcher(*args):
+        raise error
+    return launcher
+
+
+def test_a_gluon_kernel_that_fails_to_compile_hands_over_to_the_triton_kernels(monkeypatch):
+    """A Gluon compile error (a Triton whose Gluon moved on) turns the Gluon kernels off for the process
+    with one warning, and the call takes the Triton kernels; any other error from a Gluon launch is raised.
+    The Triton forward is stood in for by the chunked PyTorch forward (no GPU here), so the test checks
+    the hand-over, not the kernels."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from fox_kernel.ops import dispatch
+    from fox_kernel.ops.call import AttentionCall
+    from fox_kernel.ops.chunked import chunked_forward
+    from fox_kernel.ops.gluon import host
+    from fox_kernel.ops.triton import fwd
+    from fox_kernel.options import KernelOptions
+
+    monkeypatch.setattr(gluon, "_failure", None)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 37, 2, 16, generator=g) for _ in range(3))
+    log_fgate = F.logsigmoid(torch.randn(1, 37, 2, generator=g) + 2)
+    call = AttentionCall(16**-0.5, options=KernelOptions(), zero_gates=False)
+    expected, _ = chunked_forward(q, k, v, log_fgate, call)
+    monkeypatch.setattr(dispatch, "forward_backend", lambda q, k, call: dispatch.Backend.GLUON)
+    monkeypatch.setattr(dispatch, "_prefix_sums", lambda log_fgate, call: (None, None, None))
+    monkeypatch.setattr(fwd, "forward", lambda q, k, v, c, call, fixed: (*chunked_forward(q, k, v, log_fgate, call), None))
+
+    monkeypatch.setattr(host, "forward", _failing(ValueError("a bad launch")))
+    with pytest.raises(ValueError, match="a bad launch"):
+        dispatch.forward(q, k, v, log_fgate, call)
+    assert gluon.available()
+
+    broken = CompilationError("gl.thread_barrier()", ast.parse("gl.thread_barrier()").body[0],
+                              "module 'triton.experimental.gluon.language' has no attribute 'thread_barrier'")
+    monkeypatch.setattr(host, "forward", _failing(broken))
+    with pytest.warns(RuntimeWarning, match="failed to compile.*thread_barrier.*Triton kernels"):
+        out, lse, threshold = dispatch.forward(q, k, v, log_fgate, call)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert not gluon.available()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning is given once
+        dispatch.forward(q, k, v, log_fgate, call)

@@ -142,3 +142,26 @@ def test_a_bad_environment_switch_is_refused_naming_it(variable):
     out = subprocess.run([sys.executable, "-c", "import fox_kernel"], env=env, capture_output=True, text=True)
     assert out.returncode != 0
     assert f"{variable} must be 0 or 1, got 'yes'" in out.stderr
+
+
+class _Recorder:
+    """Stands in for a kernel without a JIT function's parameters (so ``run`` takes Triton's own path):
+    records each launch's grid, arguments and options."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_every_launch_keeps_fused_multiply_adds_on(monkeypatch, cached):
+    """Triton 3.10 turns fused multiply-adds off by default: every launch asks for them, unless a caller
+    says otherwise."""
+    monkeypatch.setattr(launch, "CACHED", cached)
+    kernel = _Recorder()
+    launch.run(kernel, (3, 1), 7, "x", BLOCK=16)
+    launch.run(kernel, (2,), 8, enable_fp_fusion=False)
+    assert kernel.launches == [((3, 1), (7, "x"), dict(enable_fp_fusion=True, BLOCK=16)),
+                               ((2,), (8,), dict(enable_fp_fusion=False))]

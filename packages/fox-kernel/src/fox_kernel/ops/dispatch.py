@@ -6,7 +6,8 @@
   PyTorch twin.
 * The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
   (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``
-  or a window, a Triton with Gluon), else the Triton kernels.
+  or a window, Triton 3.6 or newer with Gluon), else the Triton kernels. A Gluon kernel that fails to
+  compile (a Triton whose Gluon has moved on) hands the process over to the Triton kernels (``_run_gluon``).
 * The backward mode: two passes (dK/dV, then dQ; bit-reproducible) or one pass adding dQ in with atomics
   (``KernelOptions.backward="fused"``, never under ``torch.use_deterministic_algorithms``).
 * Gates of exactly 0 (log -inf). Such a gate at z hides the keys before z from the queries from z on. The
@@ -164,11 +165,11 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
     from fox_kernel.ops.triton import fwd
 
     fixed = fixed_bound_softmax(q.dtype, call.options)
-    if backend is Backend.GLUON:  # its prefix sums come from one launch with the norms it reads
-        from fox_kernel.ops.gluon import host
-
-        out, lse, threshold, (c, z, seen) = host.forward(q, k, v, log_fgate, call, fixed)
-    else:
+    # the Gluon forward's prefix sums come from one launch with the norms it reads
+    gluon_out = _run_gluon("forward", q, k, v, log_fgate, call, fixed) if backend is Backend.GLUON else None
+    if gluon_out is not None:
+        out, lse, threshold, (c, z, seen) = gluon_out
+    else:  # the Triton kernels (also where a Gluon kernel failed to compile)
         c, z, seen = _prefix_sums(log_fgate, call)
         out, lse, threshold = fwd.forward(q, k, v, c, call, fixed)
     if _zero_passes_due(z, seen):
@@ -176,6 +177,23 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
     elif z is not None:  # reported clean: the backward needs neither z nor its passes (nor to keep z)
         z = seen = None
     return out, lse, threshold, (c, z, seen)
+
+
+def _run_gluon(name: str, *args):
+    """``gluon.host.<name>(*args)``, or None where a Gluon kernel fails to compile with this Triton: the
+    Gluon kernels are then given up for the process (one warning, ``gluon.give_up``) and the caller takes
+    the Triton kernels. Only compile errors are caught; whatever a kernel launch raises otherwise is
+    raised."""
+    from triton.compiler.errors import CompilationError
+
+    from fox_kernel.ops import gluon
+    from fox_kernel.ops.gluon import host
+
+    try:
+        return getattr(host, name)(*args)
+    except CompilationError as error:
+        gluon.give_up(error)
+        return None
 
 
 def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None):
@@ -192,11 +210,11 @@ def backward(do, q, k, v, log_fgate, out, lse, call: AttentionCall, prefix=None)
     if do.stride(-1) != 1:
         do = do.contiguous()
     c, z, seen = prefix if prefix is not None else _prefix_sums(log_fgate, call)
-    if backend is Backend.GLUON:  # its row dots come from one launch with its other small inputs
-        from fox_kernel.ops.gluon import host
-
-        grads, delta = host.backward(do, q, k, v, c, lse, out, call, one_pass)
-    else:
+    # the Gluon backward's row dots come from one launch with its other small inputs
+    gluon_out = _run_gluon("backward", do, q, k, v, c, lse, out, call, one_pass) if backend is Backend.GLUON else None
+    if gluon_out is not None:
+        grads, delta = gluon_out
+    else:  # the Triton kernels (also where a Gluon kernel failed to compile)
         delta = sums.delta(out, do)
         grads = bwd.backward(do, q, k, v, c, lse, delta, call, one_pass)
     if _zero_passes_due(z, seen):

@@ -29,8 +29,8 @@ GLUON_FWD_MAX_KEYS = {64: 4096, 128: None}
 # (online 555-573, cuDNN 601-628); D=64 three consumer warpgroups of 64 rows and 64-key tiles 386-432 (two
 # warpgroups of 64 rows 325-355, 128-key tiles 320-358; Triton's fixed bound 338-415).
 GLUON_FWD_FIXED_TILES = {64: (192, 64, 3, 168, 24, 3), 128: (128, 128, 3, 240, 24, 2)}
-# Head dims of the one-pass backward (the dK/dV pass adding dQ in): its two float32 dQ tiles per consumer
-# need 128 KiB of shared memory at D=128, more than is left.
+# Head dims of the one-pass backward (the dK/dV pass adding dQ in). At D=128 three forms that fit in shared
+# memory ran 1.65-2.5x slower than the two passes on an H200 (register spills; see the kernel README).
 GLUON_ONE_PASS_DIMS = (64,)
 
 

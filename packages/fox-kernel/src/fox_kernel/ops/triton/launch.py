@@ -236,10 +236,16 @@ def _hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+# Options every launch passes. Fused multiply-adds stay on: Triton 3.9 warns that its default turns them off
+# in 3.10, and the kernels are measured and checked with them.
+LAUNCH_OPTIONS = dict(enable_fp_fusion=True)
+
+
 def run(kernel, grid, *args, **kwargs) -> None:
-    """``kernel[grid](*args, **kwargs)``, through the compiled kernel's launcher once this specialisation
-    has been launched (see above)."""
+    """``kernel[grid](*args, **kwargs)`` with LAUNCH_OPTIONS, through the compiled kernel's launcher once
+    this specialisation has been launched (see above)."""
     global CACHED
+    kwargs = {**LAUNCH_OPTIONS, **kwargs}
     if not CACHED or INTERPRET:
         kernel[grid](*args, **kwargs)
         return
