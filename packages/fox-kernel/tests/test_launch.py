@@ -165,3 +165,18 @@ def test_every_launch_keeps_fused_multiply_adds_on(monkeypatch, cached):
     launch.run(kernel, (2,), 8, enable_fp_fusion=False)
     assert kernel.launches == [((3, 1), (7, "x"), dict(enable_fp_fusion=True, BLOCK=16)),
                                ((2,), (8,), dict(enable_fp_fusion=False))]
+
+
+def test_plain_cdiv_and_next_power_of_2_equal_tritons():
+    """The launchers' ``cdiv`` and ``next_power_of_2`` give what Triton's give, small and large values."""
+    import random
+
+    import triton
+
+    rng = random.Random(0)
+    values = list(range(0, 4100)) + [rng.randrange(2**20, 2**40) for _ in range(500)] + [2**k for k in range(41)]
+    for n in values:
+        assert launch.next_power_of_2(n) == triton.next_power_of_2(n), n
+    for x in values:
+        for y in (1, 3, 16, 64, 128, 1000, rng.randrange(1, 2**20)):
+            assert launch.cdiv(x, y) == triton.cdiv(x, y), (x, y)

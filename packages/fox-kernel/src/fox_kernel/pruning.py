@@ -133,6 +133,6 @@ def auto_threshold_and_key_norms(q, k, sm_scale, t_k, log_pruning_tolerance=DEFA
     out = torch.empty(B, H, dtype=torch.float32, device=q.device)
     if B > 0:
         launch.run(_head_threshold_kernel, (B,), qn2, kn2, out, H, k.shape[2], H // k.shape[2], float(sm_scale),
-                   float(bound(0.0, t_k, log_pruning_tolerance)), BLOCK_H=triton.next_power_of_2(H),
+                   float(bound(0.0, t_k, log_pruning_tolerance)), BLOCK_H=launch.next_power_of_2(H),
                    num_warps=1)
     return out, kn2

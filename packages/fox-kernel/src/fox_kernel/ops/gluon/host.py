@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -59,7 +58,7 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the
     # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
     # at B=4 x 32 heads: benchmarks/launch-order-h100-s17.json)
-    grid, hf = launch_grid(triton.cdiv(Tq, block_m), B * H, B * H <= 12)
+    grid, hf = launch_grid(launch.cdiv(Tq, block_m), B * H, B * H <= 12)
     launch.run(gluon_fwd_kernel, grid,
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
@@ -116,7 +115,7 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
     # with GQA one program runs a whole group of heads, so there are few and long ones: launching every
     # head's heaviest key blocks first shortens the tail (D=64, 8k, 32/8 heads: backward -4 to -5%; at MHA
     # shapes no gain or slower: benchmarks/launch-order-h100-s17.json)
-    grid, hf = launch_grid(triton.cdiv(Tk, block_n), B * Hkv, D == 64 and Hkv < H)
+    grid, hf = launch_grid(launch.cdiv(Tk, block_n), B * Hkv, D == 64 and Hkv < H)
     q_desc = _descriptor(q, block_m)
     one_pass = dq is not None
     # the one pass's float32 outputs: dQ / sm_scale, and four partial row sums per query (one per warp),
@@ -124,7 +123,7 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
     dq_desc = rs_desc = q_desc
     if one_pass:
         dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        row_sums = torch.zeros(B * H * 4, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
+        row_sums = torch.zeros(B * H * 4, launch.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         dq_desc = _descriptor(dq_acc, block_m)
         rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
     launch.run(gluon_dkdv_kernel, grid,
@@ -150,7 +149,7 @@ def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
-    grid = (triton.cdiv(Tq, block_m), B * H)
+    grid = (launch.cdiv(Tq, block_m), B * H)
     launch.run(gluon_dq_kernel, grid,
         _descriptor(q, block_m), _descriptor(do, block_m), *kv,
         c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],

@@ -369,7 +369,7 @@ def _dkdv_pass(q, k, v, c, call, do, lse, delta, dk, dv, dc, dq, dc_row, one_pas
     cfg = _tiles("fused" if one_pass else "dkdv", q, flags)
     q_desc, do_desc = launch.descriptors((q, do), cfg["BLOCK_M"], cfg, flags["USE_TMA"])
     if one_pass:  # float32 dQ as (B, H, D, Tq), rows padded to 16 bytes for the TMA reductions
-        dq_acc = dq_desc = torch.zeros(B, H, D, triton.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
+        dq_acc = dq_desc = torch.zeros(B, H, D, launch.cdiv(Tq, 4) * 4, dtype=torch.float32, device=q.device)
         if flags["USE_TMA"]:
             from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -384,7 +384,7 @@ def _dkdv_pass(q, k, v, c, call, do, lse, delta, dk, dv, dc, dq, dc_row, one_pas
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, False, window)
     # the zero-gate passes read c in float64 instead (one launch less)
     clq = None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_M"], (Tk - Tq) % cfg["BLOCK_M"])
-    grid, heads_first = launch.grid("dkdv", n_rows * Hkv, triton.cdiv(t_max, cfg["BLOCK_N"]), call.options.order_dkdv,
+    grid, heads_first = launch.grid("dkdv", n_rows * Hkv, launch.cdiv(t_max, cfg["BLOCK_N"]), call.options.order_dkdv,
                                     D, H // Hkv)
     launch.run(launch.any_length(_dkdv_kernel, Tq, Tk), grid,
         q, k, v, c, clq, z, seq_start, cu_seqlens, ranges, do, lse, delta, dk, dv, dc, q_desc, do_desc,
@@ -407,7 +407,7 @@ def _dq_pass(q, k, v, c, call, do, lse, delta, dq, dc_row, flags, n_rows, t_max,
     cfg = _tiles("dq", q, flags)
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, flags["USE_TMA"])
     ranges = kept_ranges(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_max, cfg, True, window)
-    grid, heads_first = launch.grid("dq", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), call.options.order_dq)
+    grid, heads_first = launch.grid("dq", n_rows * H, launch.cdiv(t_max, cfg["BLOCK_M"]), call.options.order_dq)
     launch.run(launch.any_length(_dq_kernel, Tq, Tk), grid,
         q, k, v, c, None if flags["ZEROS"] else local_sums(c, cu_seqlens, n_rows, t_max, cfg["BLOCK_N"]), z,
         seq_start, cu_seqlens, ranges, do, lse, delta, dq, dc_row, k_desc, v_desc,

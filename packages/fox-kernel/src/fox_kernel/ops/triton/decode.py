@@ -234,10 +234,10 @@ def _num_splits(device, work: int, t_max: int, block_n: int, programs_per_sm: in
     programs, at most 64 and at least four key tiles each; ``one_wave`` rounds down, so that the programs
     never outnumber what the SMs run at once (rounding up can leave a second, short wave)."""
     if launch.INTERPRET or device.type != "cuda":
-        return max(1, min(4, triton.cdiv(t_max, block_n)))
+        return max(1, min(4, launch.cdiv(t_max, block_n)))
     sms = launch.sm_count(device)
-    wanted = programs_per_sm * sms // work if one_wave else triton.cdiv(programs_per_sm * sms, work)
-    return max(1, min(wanted, triton.cdiv(t_max, 4 * block_n), 64))
+    wanted = programs_per_sm * sms // work if one_wave else launch.cdiv(programs_per_sm * sms, work)
+    return max(1, min(wanted, launch.cdiv(t_max, 4 * block_n), 64))
 
 
 def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c_cache: torch.Tensor,
@@ -263,7 +263,7 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     out = torch.empty_like(q)
     for q0 in range(0, Tq, rows_per_launch):
         rows = min(rows_per_launch, Tq - q0)
-        block_m = max(16, triton.next_power_of_2(group * rows))
+        block_m = max(16, launch.next_power_of_2(group * rows))
         if direct:
             acc = m = lsum = out  # not read or written
         else:  # the slices' partial outputs, maxima and sums (n rows each) in one allocation
@@ -287,7 +287,7 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
             continue
         launch.run(_merge_kernel, (B * Hkv, group * rows),
             acc, m, lsum, out, launch.strides(out), B, Hkv, q0, rows, D, splits,
-            GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, triton.next_power_of_2(splits)),
+            GROUP=group, BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_S=max(2, launch.next_power_of_2(splits)),
             num_warps=4,
         )
     return out

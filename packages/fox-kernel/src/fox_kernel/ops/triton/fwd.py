@@ -311,7 +311,7 @@ def forward(q, k, v, c, call: AttentionCall, fixed: bool):
     if auto:
         threshold = torch.full((n_rows, H), float("inf"), dtype=torch.float32, device=q.device)
     cfg = launch.config("fwd", D, q.dtype, q.device)
-    grid, heads_first = launch.grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), options.order_fwd, D,
+    grid, heads_first = launch.grid("fwd", n_rows * H, launch.cdiv(t_max, cfg["BLOCK_M"]), options.order_fwd, D,
                                     H // Hkv)
     tma = cu_seqlens is None and launch.use_tma(options, k, v)
     k_desc, v_desc = launch.descriptors((k, v), cfg["BLOCK_N"], cfg, tma)
@@ -345,7 +345,7 @@ def forward_zero_gates(q, k, v, c, z, call: AttentionCall, out, lse):
     Tk, Hkv = k.shape[1], k.shape[2]
     n_rows, t_max = launch.grid_rows(cu_seqlens, B, Tq)
     cfg = launch.rerun_config("fwd", D, q.dtype, q.device)
-    grid, heads_first = launch.grid("fwd", n_rows * H, triton.cdiv(t_max, cfg["BLOCK_M"]), None, D, H // Hkv)
+    grid, heads_first = launch.grid("fwd", n_rows * H, launch.cdiv(t_max, cfg["BLOCK_M"]), None, D, H // Hkv)
     launch.run(launch.any_length(_fwd_kernel, Tq, Tk), grid,
         q, k, v, c, None, z, seq_start, cu_seqlens, None,
         out, lse, None, None, None, None,

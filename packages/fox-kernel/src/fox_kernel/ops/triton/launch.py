@@ -51,8 +51,21 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# Triton's ``cdiv`` and ``next_power_of_2`` are constexpr functions whose every host call goes through
+# Triton's JIT (1.5 us a call on a CPU host, Triton 3.6 and 3.9); the launchers call these plain ones, the
+# same numbers (tests/test_launch.py checks them against Triton's).
+def cdiv(x: int, y: int) -> int:
+    """``ceil(x / y)`` as ``triton.cdiv`` computes it."""
+    return (x + y - 1) // y
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of 2 at least ``n`` (n >= 0; 0 for 0), as ``triton.next_power_of_2``."""
+    return 1 << (int(n) - 1).bit_length() if n > 0 else 0
+
+
 def block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def config(kind: str, head_dim: int, dtype: torch.dtype, device: torch.device) -> dict:

@@ -79,7 +79,7 @@ def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None, per_row: bo
     y_ = y if y is not None else x
     if max(TX, TY) > 0 and B > 0:
         launch.run(
-            _max_sq_norm_kernel, (B * (HX + HY), triton.cdiv(max(TX, TY), NORM_ROWS)),
+            _max_sq_norm_kernel, (B * (HX + HY), launch.cdiv(max(TX, TY), NORM_ROWS)),
             x, y_, out_x, out_y, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, BLOCK_T=NORM_ROWS,
             BLOCK_D=launch.block_d(D), PER_ROW=per_row, num_warps=4,
         )

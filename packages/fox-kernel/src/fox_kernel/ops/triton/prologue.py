@@ -87,7 +87,7 @@ def backward_prologue(out, do, c, threshold, Tk: int, clq_seg: int, clq_origin: 
     clq = torch.empty_like(c, dtype=torch.float32)  # same strides as c: the kernels index both alike
     cl = None if cl_seg is None else torch.empty_like(c, dtype=torch.float32)
     keys, queries = (None, None) if threshold is None else range_tables(c.device, B * H, Tk, key_blocks, query_blocks)
-    n_delta = triton.cdiv(Tq, DELTA_ROWS)
+    n_delta = launch.cdiv(Tq, DELTA_ROWS)
     n_clq = local_sums_grid(Tk, clq_seg, clq_origin)
     n_cl = 0 if cl_seg is None else local_sums_grid(Tk, cl_seg)
     n_keys, n_queries = table_columns(keys), table_columns(queries)
@@ -137,7 +137,7 @@ def forward_sums(log_fgate, zeros: bool, x=None, y=None):
     nx, ny = norm_outputs(x, y) if x is not None else (None, None)
     y_ = y if y is not None else x
     # (row, head) pairs of x and y times the row blocks of the longer, as max_sq_row_norms's grid
-    n_norms = B * (_dim(x, 2) + _dim(y, 2)) * triton.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
+    n_norms = B * (_dim(x, 2) + _dim(y, 2)) * launch.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
     if B * H and T:
         launch.run(_forward_sums_kernel, (B * H + n_norms,),
             log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, launch.strides(log_fgate), _strides(x),

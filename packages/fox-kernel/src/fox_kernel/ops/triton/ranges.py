@@ -186,8 +186,8 @@ def _kept_range_kernel(C, SEQ_START, CU, THRESH, OUT_KEYS, OUT_QUERIES, c_stride
 def range_tables(device, programs: int, t_max: int, key_blocks, query_blocks):
     """The uninitialised (key blocks' table, query blocks' table) of ``kept_ranges_pair``: (programs, blocks)
     int32 each, None where its tiles are None or it has no block."""
-    n_keys = 0 if key_blocks is None else triton.cdiv(t_max, key_blocks["BLOCK_N"])
-    n_queries = 0 if query_blocks is None else triton.cdiv(t_max, query_blocks["BLOCK_M"])
+    n_keys = 0 if key_blocks is None else launch.cdiv(t_max, key_blocks["BLOCK_N"])
+    n_queries = 0 if query_blocks is None else launch.cdiv(t_max, query_blocks["BLOCK_M"])
     keys = torch.empty(programs, n_keys, dtype=torch.int32, device=device) if n_keys else None
     queries = torch.empty(programs, n_queries, dtype=torch.int32, device=device) if n_queries else None
     return keys, queries

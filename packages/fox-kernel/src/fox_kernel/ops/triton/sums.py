@@ -88,7 +88,7 @@ def _gate_grad_kernel(DC, DC_ROW, SEQ_START, OUT, out_strides, H, Tq, Tk, HAS_SE
 
 def scan_block(T: int) -> int:
     """Positions per chunk of the prefix and suffix sums' scans."""
-    return 16 if launch.INTERPRET else min(2048, max(16, triton.next_power_of_2(T)))
+    return 16 if launch.INTERPRET else min(2048, max(16, launch.next_power_of_2(T)))
 
 
 def prefix_sums(log_fgate: torch.Tensor, seq_start: torch.Tensor | None, zeros: bool = False):
@@ -163,7 +163,7 @@ def _local_sums_kernel(C, CU, OUT, c_strides, H, T, origin, IS_VARLEN: tl.conste
 def local_sums_grid(t: int, seg: int, origin: int = 0) -> int:
     """Programs per (row, head) of ``local_sums`` over ``t`` positions: segment 0 holds those before
     ``origin``."""
-    return triton.cdiv(max(t - origin, 0), seg) + 1
+    return launch.cdiv(max(t - origin, 0), seg) + 1
 
 
 def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
@@ -213,6 +213,6 @@ def delta(out: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """(B, H, Tq) float32: delta_i = sum_d o_id * do_id, the softmax backward's row term."""
     B, Tq, H, D = out.shape
     result = torch.empty(B, H, Tq, dtype=torch.float32, device=out.device)
-    launch.run(_delta_kernel, (triton.cdiv(Tq, DELTA_ROWS), B * H), out, do, result, launch.strides(out),
+    launch.run(_delta_kernel, (launch.cdiv(Tq, DELTA_ROWS), B * H), out, do, result, launch.strides(out),
                launch.strides(do), H, Tq, D, BLOCK_M=DELTA_ROWS, BLOCK_D=launch.block_d(D))
     return result
