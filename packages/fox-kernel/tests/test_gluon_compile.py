@@ -99,10 +99,16 @@ def test_triton_before_3_6_keeps_the_triton_kernels(monkeypatch):
     import triton
 
     assert gluon.available()
-    monkeypatch.setattr(triton, "__version__", "3.5.1")
-    assert gluon.triton_version() == (3, 5) and not gluon.available()
-    monkeypatch.setattr(triton, "__version__", "3.10.0+git1234")
-    assert gluon.triton_version() == (3, 10) and gluon.available()
+    try:  # the answer is kept after the first question: asked afresh for each version set here
+        monkeypatch.setattr(triton, "__version__", "3.5.1")
+        gluon._usable.cache_clear()
+        assert gluon.triton_version() == (3, 5) and not gluon.available()
+        monkeypatch.setattr(triton, "__version__", "3.10.0+git1234")
+        gluon._usable.cache_clear()
+        assert gluon.triton_version() == (3, 10) and gluon.available()
+    finally:
+        monkeypatch.undo()
+        gluon._usable.cache_clear()
 
 
 def _failing(error):

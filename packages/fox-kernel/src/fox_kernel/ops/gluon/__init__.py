@@ -24,7 +24,10 @@ def triton_version() -> tuple[int, int]:
 
 
 @functools.cache
-def _importable() -> bool:
+def _usable() -> bool:
+    """At least MIN_TRITON, and the kernel modules import (asked once: the dispatcher asks on every call)."""
+    if triton_version() < MIN_TRITON:
+        return False
     try:
         from fox_kernel.ops.gluon import bwd, fwd  # noqa: F401
     except Exception:  # ImportError, or an older Gluon API
@@ -35,7 +38,7 @@ def _importable() -> bool:
 def available() -> bool:
     """Whether this Triton has a usable Gluon: at least MIN_TRITON, the kernel modules import, and no Gluon
     kernel has failed to compile in this process."""
-    return _failure is None and triton_version() >= MIN_TRITON and _importable()
+    return _failure is None and _usable()
 
 
 def give_up(error: Exception) -> None:
