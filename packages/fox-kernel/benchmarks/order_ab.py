@@ -23,6 +23,7 @@ import time
 import torch
 from bench_attention import _env, _flops, _inputs, _ours, _sdpa, _time
 from bench_pruning import rotated
+from plot_args import read_run
 from torch.nn.attention import SDPBackend
 
 SHAPES = [(1, 16384, 16, 128), (1, 16384, 32, 64), (4, 4096, 16, 128), (4, 4096, 32, 64)]  # (B, T, H, D)
@@ -82,8 +83,9 @@ def main():
                     "with --clock-log's clocks (no GPU), and write it back annotated")
     args = ap.parse_args()
     if args.from_json:
-        with open(args.from_json) as f:
-            result = json.load(f)
+        result = read_run(args.from_json, "--from-json")
+        if not os.path.isfile(args.clock_log):
+            raise SystemExit(f"--clock-log: no such file: {args.clock_log}")
         annotate(result, args.clock_log)
         with open(args.from_json, "w") as f:
             json.dump(result, f, indent=1)

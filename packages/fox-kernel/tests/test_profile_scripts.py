@@ -207,3 +207,17 @@ def test_order_ab_reads_each_samples_clock_from_its_window(benchmark_script, tmp
     text = order.table(result)
     assert f"cuDNN / it per round: {7.3 / 7.9:.3f}" in text
     assert "1830 MHz" in text and "1700 MHz" in text
+
+
+@pytest.mark.parametrize("which", ["json", "log"])
+def test_order_ab_names_a_missing_file_in_one_line(benchmark_script, monkeypatch, tmp_path, which):
+    order = benchmark_script("order_ab")
+    run = tmp_path / "run.json"
+    run.write_text('{"rounds": 1, "cells": []}')
+    argv = ["order_ab.py", "--from-json", str(tmp_path / "none.json") if which == "json" else str(run),
+            "--clock-log", str(tmp_path / "none.csv")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stop:
+        order.main()
+    flag = "--from-json" if which == "json" else "--clock-log"
+    assert str(stop.value).startswith(f"{flag}: no such file: ") and "\n" not in str(stop.value)
