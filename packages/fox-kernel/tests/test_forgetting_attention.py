@@ -298,15 +298,26 @@ def test_options_from_the_environment_and_in_a_block():
     assert current_options() == before
 
 
-def test_gluon_launch_grid_keeps_the_block_axis_in_range():
-    """Heads-first launch puts the blocks on the grid's second axis (at most 65,535); past that the kernels
-    keep the block-major order rather than fail to launch."""
-    from fox_kernel.ops.gluon.tiles import launch_grid
+def test_gluon_launch_grid():
+    """The Gluon passes launch on one grid axis (no 65,535 limit on the blocks of very long sequences), heads
+    in the groups asked for, at most all of them; a benchmark's override of a pass's group size applies to
+    that pass only. ``wave_group``: the fewest heads whose blocks fill two waves."""
+    from fox_kernel.ops.gluon import tiles
 
-    assert launch_grid(86, 12, True) == ((12, 86), True)
-    assert launch_grid(86, 12, False) == ((86, 12), False)
-    assert launch_grid(65535, 3, True) == ((3, 65535), True)
-    assert launch_grid(65536, 3, True) == ((65536, 3), False)
+    assert tiles.launch_grid("fwd", 86, 12, 12) == ((86 * 12,), 12)
+    assert tiles.launch_grid("fwd", 86, 12, 1) == ((86 * 12,), 1)
+    assert tiles.launch_grid("dq", 65536, 3, 8) == ((65536 * 3,), 3)
+    try:
+        tiles.HEAD_GROUPS["dkdv"] = 8
+        assert tiles.launch_grid("dkdv", 32, 64, 1) == ((32 * 64,), 8)
+        assert tiles.launch_grid("dkdv", 32, 5, 1) == ((32 * 5,), 5)
+        assert tiles.launch_grid("fwd", 32, 64, 1) == ((32 * 64,), 1)
+    finally:
+        tiles.HEAD_GROUPS.clear()
+    assert tiles.wave_group(22, 132) == 12  # 4 x 4k at D=64: 12 heads of 22 blocks = 264 programs
+    assert tiles.wave_group(86, 132) == 4
+    assert tiles.wave_group(264, 132) == 1
+    assert tiles.wave_group(10000, 132) == 1
 
 
 def test_sm_scale_and_head_first(device_dtype):

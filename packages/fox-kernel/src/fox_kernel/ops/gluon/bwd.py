@@ -43,6 +43,7 @@ from fox_kernel.ops.gluon.common import (
     kept_key_range,
     kv_load_partition,
     kv_ring,
+    program_tile,
     query_program,
     thread_barrier,
     tma_add,
@@ -61,20 +62,20 @@ def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH: gl.constexpr, HEADS_FIRST: gl.constexpr):
+def _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH: gl.constexpr):
     """End of the query blocks of key block ``pid_n`` and head ``h``: with pruning, those past it see the
     block through a negligible decay (found up front, see triton.ranges.kept_ranges)."""
     if HAS_THRESH:
-        return gl.load(RANGE + (b * H + h).to(gl.int64) * gl.num_programs(1 if HEADS_FIRST else 0) + pid_n)
+        return gl.load(RANGE + (b * H + h).to(gl.int64) * n_blk + pid_n)
     else:
         return t_q
 
 
 @gluon.jit
 def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
-                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, t_q,
+                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, t_q,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, HEADS_FIRST: gl.constexpr):
+                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
     """Fills the ring: per query block, the Q and dO tiles (TMA) and two row vectors (written here, off
     the consumers' path): log2 of the softmax denominators less the row term of the bias, and delta."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
@@ -88,7 +89,7 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
         lse_ptr = LSE + b * stride_lb + h * stride_lh
         delta_ptr = DELTA + b * stride_lb + h * stride_lh
         anchor = gl.load(c_ptr + pid_n * BLOCK_N)
-        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH, HEADS_FIRST), BLOCK_M):
+        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH), BLOCK_M):
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
             mask_m = offs_m < t_q  # rows past the end get no weight (lse = inf)
             lse = gl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf"))
@@ -174,12 +175,12 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
 
 @gluon.jit
 def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                       b, hk, H, pid_n, shift, t_q, t_k,
+                       b, hk, H, pid_n, n_blk, shift, t_q, t_k,
                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                        stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                       FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr):
+                       FUSED_DQ: gl.constexpr):
     """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_D)
@@ -203,7 +204,7 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
         c_k = gl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(gl.float32) * LOG2E
         dc = gl.zeros([ROWS], gl.float32, row_layout)
-        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, t_q, HAS_THRESH, HEADS_FIRST), BLOCK_M):
+        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH), BLOCK_M):
             dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2,
                                     offs_n, start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                                     (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ)
@@ -226,19 +227,15 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
 def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC, RANGE, dq_desc, rs_desc,
                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                       stride_cb, stride_ch, stride_lb, stride_lh,
-                      H, HKV, Tq, Tk, sm_scale, sm_scale2,
+                      H, HKV, Tq, Tk, sm_scale, sm_scale2, heads_per_group,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr, HEADS_FIRST: gl.constexpr):
+                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr):
     """dK, dV and the column term of dc; with FUSED_DQ also dQ / sm_scale and the row term of dc, added
     with TMA reductions into the float32 tensors of ``dq_desc`` (q's layout) and ``rs_desc`` ((B*H*4, Tq):
     four partial sums per row): the one-pass backward."""
-    if HEADS_FIRST:  # every head's heaviest key blocks (the first) first
-        pid_n = gl.program_id(1)
-        pid_bh = gl.program_id(0)
-    else:
-        pid_n = gl.program_id(0)
-        pid_bh = gl.program_id(1)
+    n_blk = gl.cdiv(Tk, BLOCK_N)
+    pid_n, pid_bh = program_tile(n_blk, heads_per_group)  # the first key blocks are the heaviest
     b = pid_bh // HKV
     hk = pid_bh % HKV
     shift = Tk - Tq
@@ -285,18 +282,18 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
     gl.warp_specialize(
         [
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                                  b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  b, hk, H, pid_n, n_blk, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS,
-                                  FUSED_DQ, HEADS_FIRST)),
+                                  FUSED_DQ)),
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                                  b, hk, H, pid_n, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  b, hk, H, pid_n, n_blk, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s,
                                   GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS,
-                                  FUSED_DQ, HEADS_FIRST)),
+                                  FUSED_DQ)),
             (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
-                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, shift, Tq,
-                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, HEADS_FIRST)),
+                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, Tq,
+                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],
@@ -374,11 +371,11 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
 @gluon.jit
 def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols,
                     stride_dqb, stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh,
-                    H, Tq, Tk, sm_scale, sm_scale2,
+                    H, Tq, Tk, sm_scale, sm_scale2, heads_per_group,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     LOADER_REGS: gl.constexpr):
-    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, False)
+    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, heads_per_group)
     dtype: gl.constexpr = q_desc.dtype
     q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
     do_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)

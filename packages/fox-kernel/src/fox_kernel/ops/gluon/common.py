@@ -96,15 +96,30 @@ def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.
 
 
 @gluon.jit
-def query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, HEADS_FIRST: gl.constexpr):
+def program_tile(n_blk, heads_per_group):
+    """(rank, row*head) of this program of a one-axis grid over ``n_blk`` blocks of each (row, head) pair,
+    rank 0 the heaviest block: heads taken in groups of ``heads_per_group``, and within a group every head's
+    rank-0 block first, then every head's rank 1, and so on. Groups of one head launch one head's blocks
+    after another (its programs share its tiles in L2); one group of all heads launches every head's
+    heaviest blocks first (the shortest tail)."""
+    pid = gl.program_id(0)
+    n_bh = gl.num_programs(0) // n_blk
+    span = heads_per_group * n_blk
+    group = pid // span
+    first_bh = group * heads_per_group
+    size = gl.minimum(heads_per_group, n_bh - first_bh)
+    rest = pid - group * span
+    return rest // size, first_bh + rest % size
+
+
+@gluon.jit
+def query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, heads_per_group):
     """(query block, row*head, row, head, key/value head, key position of the block's first query) of
-    this program; the heaviest blocks (the last: they see the most keys) are launched first."""
-    if HEADS_FIRST:  # every head's heaviest blocks first
-        pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
-        pid_bh = gl.program_id(0)
-    else:
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-        pid_bh = gl.program_id(1)
+    this program; the heaviest blocks (the last: they see the most keys) are launched first, in the order
+    of ``program_tile``."""
+    n_blk = gl.cdiv(Tq, BLOCK_M)
+    rank, pid_bh = program_tile(n_blk, heads_per_group)
+    pid_m = n_blk - 1 - rank
     h = pid_bh % H
     return pid_m, pid_bh, pid_bh // H, h, h // GROUP, pid_m * BLOCK_M + Tk - Tq
 

@@ -198,15 +198,14 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
 @gluon.jit
 def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols, KMAX2,
                      stride_ob, stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh,
-                     H, Tq, Tk, sm_scale2,
+                     H, Tq, Tk, sm_scale2, heads_per_group,
                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr,
-                     HEADS_FIRST: gl.constexpr):
+                     LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr):
     """Output and log-sum-exp, BLOCK_M queries split between CONSUMERS warpgroups; with FIXED (``KMAX2``:
     the largest squared key norm per (row, key/value head)) each consumer runs its rows against a fixed
     softmax bound where one is tight enough."""
-    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, HEADS_FIRST)
+    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, heads_per_group)
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS
     # each consumer's query rows: a (ROWS, HEAD_D) tile (TMA tiles are powers of two; BLOCK_M need not be)

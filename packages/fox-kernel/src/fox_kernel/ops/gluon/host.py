@@ -24,6 +24,7 @@ from fox_kernel.ops.gluon.tiles import (
     GLUON_TILES,
     gluon_blocks,
     launch_grid,
+    wave_group,
 )
 from fox_kernel.ops.triton import launch
 from fox_kernel.ops.triton.prologue import backward_prologue, forward_sums, forward_tables
@@ -55,17 +56,22 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
                                            bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq, blocks)
     kmax2 = kn2 if fixed else None
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
-    # few rows x heads (one layer of the 125M model: 12): every head's heaviest query blocks first, so the
-    # last wave is not one head's long blocks (T=16k, H=12, D=64: -5%; no gain from 16 heads on, slower
-    # at B=4 x 32 heads: benchmarks/launch-order-h100-s17.json)
-    grid, hf = launch_grid(launch.cdiv(Tq, block_m), B * H, B * H <= 12)
+    # at D=64 heads in groups that fill two waves (tiles.wave_group). At D=128, few rows x heads (one layer
+    # of a 125M model: 12): every head's heaviest query blocks first, so that the last wave is not one
+    # head's long blocks, else one head's blocks after another (launch-groups-ab-h200-2026-11-29.json:
+    # groups of 2-8 heads within 2% of one at 16k and 4 x 4k, all 16 heads 7-11% slower)
+    n_blk = launch.cdiv(Tq, block_m)
+    if D == 64:
+        group = wave_group(n_blk, launch.sm_count(q.device))
+    else:
+        group = B * H if B * H <= 12 else 1
+    grid, heads_per_group = launch_grid("fwd", n_blk, B * H, group)
     launch.run(gluon_fwd_kernel, grid,
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
-        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value,
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value, heads_per_group,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=FIXED_BOUND_GAP, CONSUMERS=consumers,
-        HEADS_FIRST=hf,
         num_warps=4,
     )
     return out, lse, threshold, (c, z, seen)
@@ -115,7 +121,8 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
     # with GQA one program runs a whole group of heads, so there are few and long ones: launching every
     # head's heaviest key blocks first shortens the tail (D=64, 8k, 32/8 heads: backward -4 to -5%; at MHA
     # shapes no gain or slower: benchmarks/launch-order-h100-s17.json)
-    grid, hf = launch_grid(launch.cdiv(Tk, block_n), B * Hkv, D == 64 and Hkv < H)
+    heads_first = D == 64 and Hkv < H
+    grid, heads_per_group = launch_grid("dkdv", launch.cdiv(Tk, block_n), B * Hkv, B * Hkv if heads_first else 1)
     q_desc = _descriptor(q, block_m)
     one_pass = dq is not None
     # the one pass's float32 outputs: dQ / sm_scale, and four partial row sums per query (one per warp),
@@ -131,9 +138,9 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
         c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value,
+        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass, HEADS_FIRST=hf,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
     if one_pass:
@@ -149,12 +156,12 @@ def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
-    grid = (launch.cdiv(Tq, block_m), B * H)
+    grid, heads_per_group = launch_grid("dq", launch.cdiv(Tq, block_m), B * H, 1)
     launch.run(gluon_dq_kernel, grid,
         _descriptor(q, block_m), _descriptor(do, block_m), *kv,
         c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
         dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value,
+        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
     )

@@ -41,11 +41,21 @@ def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
     return dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1])
 
 
-def launch_grid(blocks: int, programs: int, heads_first: bool):
-    """(grid, heads_first) of a kernel over ``blocks`` blocks of each of ``programs`` (row, head) pairs:
-    ``(blocks, programs)`` launches one head's blocks after another, ``(programs, blocks)`` every head's
-    first blocks first. The second axis holds at most 65,535 programs, so very long sequences keep the first
-    order."""
-    if heads_first and blocks <= 65535:
-        return (programs, blocks), True
-    return (blocks, programs), False
+# Heads per launch group of each Gluon pass ("fwd", "dkdv", "dq"), set by benchmarks to override the default
+# order of ``launch_grid``; empty in normal use.
+HEAD_GROUPS: dict[str, int] = {}
+
+
+def launch_grid(kind: str, blocks: int, programs: int, group: int):
+    """(grid, heads per group) of a pass over ``blocks`` blocks of each of ``programs`` (row, head) pairs, on
+    one grid axis, heads in groups of ``group`` (see common.program_tile; ``HEAD_GROUPS`` overrides it)."""
+    group = HEAD_GROUPS.get(kind) or group
+    return (blocks * programs,), max(1, min(group, programs))
+
+
+def wave_group(blocks: int, sms: int) -> int:
+    """Heads per group whose blocks fill two waves of ``sms`` programs: the forward at D=64 on an H200
+    (benchmarks/launch-groups-ab-h200-2026-11-29.json) ran 5-6% faster so than one head after another (at
+    4 x 4k, 32 heads: 8 or 16 heads a group; at 16k: 4) and level with all heads at once at 12 heads,
+    where all heads at once was 10% faster than one at a time; all heads at once lost 3-5% at 32 heads."""
+    return -(-2 * sms // blocks)
