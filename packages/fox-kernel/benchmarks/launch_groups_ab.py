@@ -4,7 +4,9 @@ blocks after another (its programs share its tiles in L2), G = all every head's 
 shortest tail). This times each pass at G = 1, 2, 4, 8, 16 and all (``gluon.tiles.HEAD_GROUPS``), the
 other passes at their default, beside cuDNN SDPA, in rotating rounds (``bench_pruning.in_rotating_rounds``):
 the forward alone, and the backward alone (``autograd.grad`` of one kept forward). Prints a table (median
-ms, and each order's time over the default's) and writes JSON with every round's time.
+ms, and each order's time over the default's) and writes JSON with every round's time. ``--persistent``
+times instead the forward with one program per SM (the default, ``gluon.tiles.PERSISTENT``) against one
+program per query tile.
 
     python packages/fox-kernel/benchmarks/launch_groups_ab.py --rounds 3 --out launch-groups.json
 """
@@ -32,14 +34,19 @@ GROUPS = (1, 2, 4, 8, 16, None)  # None: all (row, head) pairs in one group
 
 @contextlib.contextmanager
 def _groups(kind, group):
-    """Pass ``kind`` launched in groups of ``group`` heads, the other passes by default (None: all default)."""
+    """Pass ``kind`` launched in groups of ``group`` heads, the other passes by default (None: all default);
+    kind "per-tile fwd": the forward with one program per query tile instead of one per SM."""
     tiles.HEAD_GROUPS.clear()
-    if kind is not None:
+    persistent = dict(tiles.PERSISTENT)
+    if kind == "per-tile fwd":
+        tiles.PERSISTENT["fwd"] = False
+    elif kind is not None:
         tiles.HEAD_GROUPS[kind] = group
     try:
         yield
     finally:
         tiles.HEAD_GROUPS.clear()
+        tiles.PERSISTENT.update(persistent)
 
 
 def _time(contender, args, mode):
@@ -63,14 +70,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="launch_groups_ab.json")
+    ap.add_argument("--persistent", action="store_true",
+                    help="only the forward, one program per SM (the default) against one per query tile")
     args = ap.parse_args()
     result = {"env": _env(), "rounds": args.rounds, "cells": []}
     for B, T, H, Hkv, D in SHAPES:
         torch.manual_seed(0)
         inputs = _inputs(B, T, H, Hkv, D)
         pairs = {"fwd": B * H, "dkdv": B * Hkv, "dq": B * H}
-        for mode, kinds in (("fwd", ("fwd",)), ("bwd", ("dkdv", "dq"))):
+        sweeps = (("fwd", ()),) if args.persistent else (("fwd", ("fwd",)), ("bwd", ("dkdv", "dq")))
+        for mode, kinds in sweeps:
             contenders = {"cudnn": (_sdpa(SDPBackend.CUDNN_ATTENTION), None, None), "default": (_ours(), None, None)}
+            if args.persistent:
+                contenders["per-tile fwd"] = (_ours(), "per-tile fwd", None)
             for kind in kinds:
                 for g in GROUPS:
                     g = pairs[kind] if g is None else g

@@ -54,29 +54,42 @@ def kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.con
 
 
 @gluon.jit
-def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
-                      b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
-    """Fills the ring: per key block, the K and V tiles (TMA) and log2(e) * (c_j - c_first) of its keys."""
+def kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                 b, h, hk, pid_bh, pid_m, first, t_k, it0, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+    """Fills the ring for one query block: per key block, the K and V tiles (TMA) and log2(e) * (c_j -
+    c_first) of its keys, into the ring's slots from its ``it0``-th use on. Returns the next use's number."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
     nbytes: gl.constexpr = 2 * BLOCK_N * HEAD_D * k_desc.dtype.primitive_bitwidth // 8
     c_ptr = C + b * stride_cb + h * stride_ch
     cl_ptr = CL + b * stride_cb + h * stride_ch
     anchor = gl.load(c_ptr + first)
     lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
-    for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+    n_blocks = gl.cdiv(hi - lo, BLOCK_N)
+    for i in range(0, n_blocks):
         start_n = lo + i * BLOCK_N
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=vec_layout)
         c_k2 = gl.load(cl_ptr + offs_n, mask=offs_n < t_k, other=0.0)
         seg = ((gl.load(c_ptr + start_n) - anchor) * LOG2E).to(gl.float32)
-        s = i % STAGES
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+        u = it0 + i
+        s = u % STAGES
+        mbarrier.wait(empty.index(s), ((u // STAGES) & 1) ^ 1)
         ck_s.index(s).store(c_k2 + seg)
         thread_barrier()
         mbarrier.expect(ready.index(s), nbytes)
         row = b * t_k + start_n
         tma_load(k_desc, [row, hk * HEAD_D], ready.index(s), k_s.index(s))
         tma_load(v_desc, [row, hk * HEAD_D], ready.index(s), v_s.index(s))
+    return it0 + n_blocks
+
+
+@gluon.jit
+def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                      b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+    """The loader of a program that owns one query block (``kv_load_tile`` from the ring's first use)."""
+    kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                 b, h, hk, pid_bh, pid_m, first, t_k, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)
 
 
 @gluon.jit
@@ -96,32 +109,43 @@ def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.
 
 
 @gluon.jit
-def program_tile(n_blk, heads_per_group):
-    """(rank, row*head) of this program of a one-axis grid over ``n_blk`` blocks of each (row, head) pair,
-    rank 0 the heaviest block: heads taken in groups of ``heads_per_group``, and within a group every head's
-    rank-0 block first, then every head's rank 1, and so on. Groups of one head launch one head's blocks
-    after another (its programs share its tiles in L2); one group of all heads launches every head's
+def tile_rank(idx, n_blk, n_bh, heads_per_group):
+    """(rank, row*head) of tile ``idx`` in launch order, over ``n_blk`` blocks of each of ``n_bh`` (row, head)
+    pairs, rank 0 the heaviest block: heads taken in groups of ``heads_per_group``, and within a group every
+    head's rank-0 block first, then every head's rank 1, and so on. Groups of one head launch one head's
+    blocks after another (its programs share its tiles in L2); one group of all heads launches every head's
     heaviest blocks first (the shortest tail)."""
-    pid = gl.program_id(0)
-    n_bh = gl.num_programs(0) // n_blk
     span = heads_per_group * n_blk
-    group = pid // span
+    group = idx // span
     first_bh = group * heads_per_group
     size = gl.minimum(heads_per_group, n_bh - first_bh)
-    rest = pid - group * span
+    rest = idx - group * span
     return rest // size, first_bh + rest % size
 
 
 @gluon.jit
-def query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, heads_per_group):
+def program_tile(n_blk, heads_per_group):
+    """``tile_rank`` of this program of a one-axis grid with one program per tile."""
+    return tile_rank(gl.program_id(0), n_blk, gl.num_programs(0) // n_blk, heads_per_group)
+
+
+@gluon.jit
+def query_tile(idx, n_bh, heads_per_group, H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr):
     """(query block, row*head, row, head, key/value head, key position of the block's first query) of
-    this program; the heaviest blocks (the last: they see the most keys) are launched first, in the order
-    of ``program_tile``."""
+    query tile ``idx``; the heaviest blocks (the last: they see the most keys) come first, in the order of
+    ``tile_rank``."""
     n_blk = gl.cdiv(Tq, BLOCK_M)
-    rank, pid_bh = program_tile(n_blk, heads_per_group)
+    rank, pid_bh = tile_rank(idx, n_blk, n_bh, heads_per_group)
     pid_m = n_blk - 1 - rank
     h = pid_bh % H
     return pid_m, pid_bh, pid_bh // H, h, h // GROUP, pid_m * BLOCK_M + Tk - Tq
+
+
+@gluon.jit
+def query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, heads_per_group):
+    """``query_tile`` of this program of a one-axis grid with one program per query tile."""
+    n_bh = gl.num_programs(0) // gl.cdiv(Tq, BLOCK_M)
+    return query_tile(gl.program_id(0), n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
 
 
 @gluon.jit

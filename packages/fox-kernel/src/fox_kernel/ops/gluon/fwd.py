@@ -17,22 +17,23 @@ from fox_kernel.ops.constants import LN2, LOG2E
 from fox_kernel.ops.gluon.common import (
     biased_scores,
     kept_key_range,
-    kv_load_partition,
+    kv_load_tile,
     kv_ring,
-    query_program,
+    query_tile,
+    thread_barrier,
     tma_load,
     wgmma_layout,
 )
 
 
 @gluon.jit
-def _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, start_n, my_first, my_last,
+def _fwd_step(u, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, start_n, my_first, my_last,
               sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
               o_layout: gl.constexpr, a_layout: gl.constexpr):
-    """Key block ``start_n``, from ring slot ``i``: online softmax in log2 units, less each row's bias term
-    (a per-row constant, which the softmax does not see; the log-sum-exp gets it back at the end)."""
-    s = i % STAGES
-    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+    """Key block ``start_n``, from the ring's ``u``-th use: online softmax in log2 units, less each row's
+    bias term (a per-row constant, which the softmax does not see; the log-sum-exp gets it back at the end)."""
+    s = u % STAGES
+    mbarrier.wait(ready.index(s), (u // STAGES) & 1)
     if start_n <= my_last:  # else every key of the block lies past these rows
         k_t = k_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
@@ -51,10 +52,10 @@ def _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, 
 
 @gluon.jit
 def _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_blocks, my_first, my_last,
-                     sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                     sm_scale2, it0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, a_layout: gl.constexpr):
     for i in range(0, n_blocks):
-        acc, m_i, l_i = _fwd_step(i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo + i * BLOCK_N,
+        acc, m_i, l_i = _fwd_step(it0 + i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo + i * BLOCK_N,
                                   my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, o_layout, a_layout)
     return acc, m_i, l_i
 
@@ -85,21 +86,24 @@ def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, 
 
 @gluon.jit
 def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine, my_first,
-                    sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                    sm_scale2, it0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
                     a_layout: gl.constexpr, ROWWISE: gl.constexpr):
     """The softmax against a fixed bound: no row maximum and no rescaling of the output, so the matmuls
     are pipelined: block i's scores are issued before block i-1's P V and its exponentials run while
-    that matmul does. The first ``n_mine`` blocks of the ring (from ``lo``) are this warpgroup's."""
+    that matmul does. The first ``n_mine`` blocks of the ring (from its ``it0``-th use) are this
+    warpgroup's."""
     dtype: gl.constexpr = k_s.dtype
-    mbarrier.wait(ready.index(0), 0)
-    sc = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = it0 % STAGES
+    mbarrier.wait(ready.index(s), (it0 // STAGES) & 1)
+    sc = warpgroup_mma(q_s, k_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
     sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
-    p, l_i = _fixed_scores(sc, ck_s, 0, pos_m, lo, my_first, sm_scale2, bound, l_i, dtype, BLOCK_N, s_layout,
+    p, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo, my_first, sm_scale2, bound, l_i, dtype, BLOCK_N, s_layout,
                            a_layout, ROWWISE)
     for i in range(1, n_mine):
-        s = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        u = it0 + i
+        s = u % STAGES
+        prev = (u - 1) % STAGES
+        mbarrier.wait(ready.index(s), (u // STAGES) & 1)
         sc = warpgroup_mma(q_s, k_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p, v_s.index(prev), acc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])
@@ -108,7 +112,7 @@ def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, po
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p])
         ampere_mbarrier.arrive(empty.index(prev))
         p = p_next
-    last = (n_mine - 1) % STAGES
+    last = (it0 + n_mine - 1) % STAGES
     acc = warpgroup_mma(p, v_s.index(last), acc, is_async=True)
     acc, p = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p])
     ampere_mbarrier.arrive(empty.index(last))
@@ -133,14 +137,16 @@ def _fwd_bound(q_s, kmax2, c_q2, mask_m, sm_scale2, GAP: gl.constexpr, row_layou
 
 
 @gluon.jit
-def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_bar,
-                           b, h, hk, HKV, pid_bh, pid_m, first, t_q, t_k, stride_ob, stride_ot, stride_oh,
-                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                           HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
-                           GAP: gl.constexpr):
-    """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS). With FIXED, the softmax runs
-    against a fixed bound where it is tight enough for these rows (else online)."""
+def _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_empty,
+              b, h, hk, HKV, pid_bh, pid_m, first, t_q, t_k, stride_ob, stride_ot, stride_oh,
+              stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, it0,
+              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
+              GAP: gl.constexpr):
+    """One warpgroup's share of one query block: rows [ROW0, ROW0 + ROWS), its key blocks from the ring's
+    ``it0``-th use on (returns the next use's number). With FIXED, the softmax runs against a fixed bound
+    where it is tight enough for these rows (else online). Hands the query tile back (``q_empty``) once its
+    last ``Q K^T`` is done."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     o_layout: gl.constexpr = wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -160,7 +166,6 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
     l_i = gl.zeros([ROWS], gl.float32, row_layout)
     lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
     n_blocks = gl.cdiv(hi - lo, BLOCK_N)
-    mbarrier.wait(q_bar, 0)
     if FIXED:
         bound, tile_ok, row_bound, rows_ok = _fwd_bound(q_s, gl.load(KMAX2 + b * HKV + hk), row_term * LOG2E, mask_m,
                                                         sm_scale2, GAP, row_layout)
@@ -168,23 +173,27 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
         n_mine = gl.cdiv(gl.minimum(hi, my_last + 1) - lo, BLOCK_N)
         if tile_ok:
             acc, l_i = _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine,
-                                       my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, False)
+                                       my_first, sm_scale2, it0, BLOCK_N, STAGES, s_layout, a_layout, False)
             m_i = gl.full([ROWS], 0.0, gl.float32, row_layout) + bound
         elif rows_ok:  # the gates decay too much across the tile for one bound (one more tile op)
             acc, l_i = _fwd_fixed_loop(acc, l_i, row_bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
-                                       n_mine, my_first, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout, True)
+                                       n_mine, my_first, sm_scale2, it0, BLOCK_N, STAGES, s_layout, a_layout, True)
             m_i = row_bound
         else:
             acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
-                                             n_blocks, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout,
+                                             n_blocks, my_first, my_last, sm_scale2, it0, BLOCK_N, STAGES, s_layout,
                                              o_layout, a_layout)
             n_mine = n_blocks
+        ampere_mbarrier.arrive(q_empty)
         for i in range(n_mine, n_blocks):
-            mbarrier.wait(ready.index(i % STAGES), (i // STAGES) & 1)
-            ampere_mbarrier.arrive(empty.index(i % STAGES))
+            u = it0 + i
+            mbarrier.wait(ready.index(u % STAGES), (u // STAGES) & 1)
+            ampere_mbarrier.arrive(empty.index(u % STAGES))
     else:
         acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_blocks,
-                                         my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, o_layout, a_layout)
+                                         my_first, my_last, sm_scale2, it0, BLOCK_N, STAGES, s_layout, o_layout,
+                                         a_layout)
+        ampere_mbarrier.arrive(q_empty)
     lse = (m_i + gl.log2(l_i)) * LN2 + row_term
     gl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=mask_m)
     rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
@@ -193,44 +202,109 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
     o_ptrs = (OUT + b.to(gl.int64) * stride_ob + h * stride_oh + rows.to(gl.int64)[:, None] * stride_ot
               + cols[None, :])
     gl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=(rows < t_q)[:, None])
+    return it0 + n_blocks
 
 
 @gluon.jit
-def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols, KMAX2,
+def _next_tile(tile_s, q_bar, phase):
+    """The query tile the loader handed out next (past the last: no more), once its Q tiles are in."""
+    mbarrier.wait(q_bar, phase)
+    return gl.max(tile_s.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
+
+
+@gluon.jit
+def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_bar,
+                           q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob, stride_ot, stride_oh,
+                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, GROUP: gl.constexpr,
+                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                           HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
+                           GAP: gl.constexpr):
+    """One consumer warpgroup: rows [ROW0, ROW0 + ROWS) of every query tile the loader hands this program."""
+    n_tiles = gl.cdiv(Tq, BLOCK_M) * n_bh
+    n = 0
+    it = 0
+    t = _next_tile(tile_s, q_bar, 0)
+    while t < n_tiles:
+        pid_m, pid_bh, b, h, hk, first = query_tile(t, n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
+        it = _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_empty,
+                       b, h, hk, HKV, pid_bh, pid_m, first, Tq, Tk, stride_ob, stride_ot, stride_oh,
+                       stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, it,
+                       HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROW0, ROWS, FIXED, GAP)
+        n += 1
+        t = _next_tile(tile_s, q_bar, n & 1)
+
+
+@gluon.jit
+def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, empty, q_bar, q_empty, tile_s,
+                        COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk, n_bh, heads_per_group,
+                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The loader: takes query tiles, the program's own first and then the next not yet taken (an atomic
+    counter), hands each to the consumers (its number and its Q tiles, once they have handed the last
+    one's back) and streams its key blocks through the ring; past the last tile it hands out the end."""
+    n_tiles = gl.cdiv(Tq, BLOCK_M) * n_bh
+    ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+    q_bytes: gl.constexpr = BLOCK_M * HEAD_D * q_desc.dtype.primitive_bitwidth // 8
+    n = 0
+    it = 0
+    t = gl.program_id(0)
+    while t < n_tiles:
+        pid_m, pid_bh, b, h, hk, first = query_tile(t, n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
+        mbarrier.wait(q_empty, (n & 1) ^ 1)  # the consumers are done with the last tile's Q
+        tile_s.store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+        thread_barrier()
+        mbarrier.expect(q_bar, q_bytes)
+        for c in gl.static_range(CONSUMERS):
+            tma_load(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_all.index(c))
+        it = kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb,
+                          stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, it, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
+                          HAS_THRESH)
+        n += 1
+        t = gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
+    mbarrier.wait(q_empty, (n & 1) ^ 1)
+    tile_s.store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+    thread_barrier()
+    ampere_mbarrier.arrive(q_bar)
+
+
+@gluon.jit
+def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols, KMAX2, COUNTER,
                      stride_ob, stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh,
-                     H, Tq, Tk, sm_scale2, heads_per_group,
+                     H, Tq, Tk, sm_scale2, n_bh, heads_per_group,
                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Output and log-sum-exp, BLOCK_M queries split between CONSUMERS warpgroups; with FIXED (``KMAX2``:
-    the largest squared key norm per (row, key/value head)) each consumer runs its rows against a fixed
-    softmax bound where one is tight enough."""
-    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, heads_per_group)
+    """Output and log-sum-exp of query tiles of BLOCK_M queries, each split between CONSUMERS warpgroups;
+    a program runs tiles until none is left (``COUNTER``: an int32 0, counting the tiles taken past the
+    programs' first). With FIXED (``KMAX2``: the largest squared key norm per (row, key/value head)) each
+    consumer runs its rows against a fixed softmax bound where one is tight enough."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = BLOCK_M // CONSUMERS
     # each consumer's query rows: a (ROWS, HEAD_D) tile (TMA tiles are powers of two; BLOCK_M need not be)
     q_s = gl.allocate_shared_memory(dtype, [CONSUMERS, ROWS, HEAD_D], q_desc.layout)
     k_s, v_s, ck_s, ready, empty, q_bar = kv_ring(k_desc, v_desc, BLOCK_N, HEAD_D, STAGES, CONSUMERS)
-
-    mbarrier.expect(q_bar, BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
-    for c in gl.static_range(CONSUMERS):
-        tma_load(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_s.index(c))
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_empty, count=CONSUMERS)
+    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    tile_s = gl.allocate_shared_memory(gl.int32, [32], vec_smem)
+    HKV = H // GROUP
 
     # (argument tuples spelled out per partition: a tuple built in the kernel turns constexprs into tensors)
     if CONSUMERS == 2:
         gl.warp_specialize(
             [
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
-                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
+                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
-                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
-                (kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
-                                     stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
-                                     BLOCK_N, STAGES, HAS_THRESH)),
+                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
+                (_fwd_load_partition, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ck_s, ready, empty, q_bar, q_empty,
+                                       tile_s, COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk,
+                                       n_bh, heads_per_group, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH,
+                                       CONSUMERS)),
             ],
             [4, 1],
             [CONSUMER_REGS, LOADER_REGS],
@@ -240,20 +314,22 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
         gl.warp_specialize(
             [
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
-                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
+                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
-                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
+                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
-                                          q_bar, b, h, hk, H // GROUP, pid_bh, pid_m, first, Tq, Tk, stride_ob,
+                                          q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS, FIXED, GAP)),
-                (kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols,
-                                     stride_cb, stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M,
-                                     BLOCK_N, STAGES, HAS_THRESH)),
+                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS, FIXED,
+                                          GAP)),
+                (_fwd_load_partition, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ck_s, ready, empty, q_bar, q_empty,
+                                       tile_s, COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk,
+                                       n_bh, heads_per_group, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH,
+                                       CONSUMERS)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS],

@@ -23,6 +23,7 @@ from fox_kernel.ops.gluon.tiles import (
     GLUON_FWD_TILES,
     GLUON_TILES,
     gluon_blocks,
+    PERSISTENT,
     launch_grid,
     wave_group,
 )
@@ -61,15 +62,20 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     # head's long blocks, else one head's blocks after another (launch-groups-ab-h200-2026-11-29.json:
     # groups of 2-8 heads within 2% of one at 16k and 4 x 4k, all 16 heads 7-11% slower)
     n_blk = launch.cdiv(Tq, block_m)
+    sms = launch.sm_count(q.device)
     if D == 64:
-        group = wave_group(n_blk, launch.sm_count(q.device))
+        group = wave_group(n_blk, sms)
     else:
         group = B * H if B * H <= 12 else 1
     grid, heads_per_group = launch_grid("fwd", n_blk, B * H, group)
+    if PERSISTENT["fwd"]:  # one program per SM (one fits), each taking tiles until none is left
+        grid = (min(grid[0], sms),)
+    counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     launch.run(gluon_fwd_kernel, grid,
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
-        0 if ranges is None else ranges.shape[1], kmax2, out.stride(0), out.stride(1), out.stride(2),
-        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value, heads_per_group,
+        0 if ranges is None else ranges.shape[1], kmax2, counter, out.stride(0), out.stride(1), out.stride(2),
+        c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value, B * H,
+        heads_per_group,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=FIXED_BOUND_GAP, CONSUMERS=consumers,
         num_warps=4,

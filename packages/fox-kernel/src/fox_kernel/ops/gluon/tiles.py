@@ -41,6 +41,8 @@ def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
     return dict(BLOCK_M=tiles[0], BLOCK_N=tiles[1])
 
 
+# Passes that launch one program per SM, each running tiles until none is left (else one program per tile).
+PERSISTENT = {"fwd": True}
 # Heads per launch group of each Gluon pass ("fwd", "dkdv", "dq"), set by benchmarks to override the default
 # order of ``launch_grid``; empty in normal use.
 HEAD_GROUPS: dict[str, int] = {}
