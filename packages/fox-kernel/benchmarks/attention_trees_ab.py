@@ -4,7 +4,8 @@ before``), in interleaved rounds of fresh processes (``decode_trees_ab.run_tree`
 
 Each round times, at ``launch_groups_ab.SHAPES`` (bench_attention's quick cells and one 125M layer), ours
 and cuDNN SDPA eagerly (``bench_attention._time``, the median of ``triton.testing.do_bench``), and where the
-tree has one-program-per-SM passes (``gluon.tiles.PERSISTENT``) also ours with one program per tile. Each
+tree has one-program-per-SM passes (``gluon.tiles.PERSISTENT``) also ours with every pass one program per
+tile. Each
 process first checks its forward and gradients against the float64 reference at a small shape. Prints the
 medians over the rounds (and cuDNN's time over ours) and writes JSON with every round.
 
@@ -14,6 +15,7 @@ medians over the rounds (and cuDNN's time over ours) and writes JSON with every 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -49,22 +51,28 @@ def worker() -> None:
 
     persistent = getattr(tiles, "PERSISTENT", None)
 
-    def per_tile(q, k, v, lf):
-        persistent["fwd"] = False
+    @contextlib.contextmanager
+    def per_tile(on):
+        """Every pass with one program per tile (where ``on`` and the tree has the choice)."""
+        kept = dict(persistent or {})
+        if on:
+            persistent.update({name: False for name in persistent})
         try:
-            return _ours()(q, k, v, lf)
+            yield
         finally:
-            persistent["fwd"] = True
+            if persistent is not None:
+                persistent.update(kept)
 
-    calls = {"ours": _ours(), "cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION)}
+    calls = {"ours": (_ours(), False), "cudnn": (_sdpa(SDPBackend.CUDNN_ATTENTION), False)}
     if persistent is not None:
-        calls["ours per tile"] = per_tile
+        calls["ours per tile"] = (_ours(), True)
     cells = {}
     for B, T, H, Hkv, D in SHAPES:
         args = _inputs(B, T, H, Hkv, D)
         for mode in ("fwd", "fwd+bwd"):
-            for name, fn in calls.items():
-                cells[f"B={B} T={T} H={H}/{Hkv} D={D} {mode}|{name}"] = _time(fn, args, mode)
+            for name, (fn, on) in calls.items():
+                with per_tile(on):
+                    cells[f"B={B} T={T} H={H}/{Hkv} D={D} {mode}|{name}"] = _time(fn, args, mode)
     print(json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                           cells=cells)))
 

@@ -81,12 +81,14 @@ def test_gluon_matches_reference_and_triton(backward, D, dtype, B, Tq, Tk, H, Hk
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("pruned", [False, True], ids=["exact", "pruned"])
 def test_gluon_launch_order_changes_nothing(D, pruned):
-    """Every launch order of the three passes (groups of 1, 3 and all 10 (row, head) pairs: a last group
-    of one head, 3 + 3 + 3 + 1) runs every block once: output and gradients are bit-identical to the
-    default order's, with and without pruning (whose kept-range tables the programs index by their tile)."""
+    """Every launch order of the three passes (groups of 1, 3 and 10 heads of 24 (row, head) pairs, 12 of
+    the dK/dV pass's (row, key/value head) pairs: a short last group), with one program per SM taking
+    tiles until none is left (the default; 144-288 tiles a pass, so that a program runs several on 132
+    SMs) or one program per tile, runs every block once: output and gradients are bit-identical to the
+    default's, with and without pruning (whose kept-range tables the programs index by their tile)."""
     from fox_kernel.ops.gluon import tiles
 
-    inputs, do = _inputs(2, 700, 700, 5, 5, D, torch.bfloat16, "fast", seed=D)
+    inputs, do = _inputs(3, 1500, 1500, 8, 4, D, torch.bfloat16, "fast", seed=D)
     kw = dict(adaptive_threshold="auto") if pruned else {}
 
     def outputs():
@@ -94,13 +96,17 @@ def test_gluon_launch_order_changes_nothing(D, pruned):
         return (out.detach(), *torch.autograd.grad(out, inputs, do))
 
     expected = outputs()
+    persistent = dict(tiles.PERSISTENT)
     try:
-        for group in (1, 3, 10):
-            tiles.HEAD_GROUPS.update(fwd=group, dkdv=group, dq=group)
-            for name, a, e in zip(("out", "dq", "dk", "dv", "dlog_fgate"), outputs(), expected):
-                assert torch.equal(a, e), (group, name)
+        for per_sm in (True, False):
+            tiles.PERSISTENT.update({name: per_sm for name in persistent})
+            for group in (1, 3, 10):
+                tiles.HEAD_GROUPS.update(fwd=group, dkdv=group, dq=group)
+                for name, a, e in zip(("out", "dq", "dk", "dv", "dlog_fgate"), outputs(), expected):
+                    assert torch.equal(a, e), (per_sm, group, name)
     finally:
         tiles.HEAD_GROUPS.clear()
+        tiles.PERSISTENT.update(persistent)
 
 
 @pytest.mark.parametrize("D", [64, 128])
