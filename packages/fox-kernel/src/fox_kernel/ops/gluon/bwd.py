@@ -1,9 +1,8 @@
 """The Gluon backward for Hopper (sm90), warp-specialised: the dK/dV pass (one pass with FUSED_DQ), then
 the dQ pass (see ``common`` for what it shares with the forward).
 
-dK/dV: a tile is a block of BLOCK_N keys of one key/value head and the query blocks that see it, for every
-query head of its group; a program takes tiles until none is left (see ``common``), its loader handing each
-tile's K and V to the consumers. A one-warp producer partition streams the Q and dO tiles through a
+dK/dV: one program owns a block of BLOCK_N keys of one key/value head and walks the query blocks that see it,
+for every query head of its group. A one-warp producer partition streams the Q and dO tiles through a
 ring of STAGES shared-memory slots with TMA; two consumer partitions of one warpgroup each own half
 of the key rows and run, each at its own pace, the four tile matmuls per query block as asynchronous
 wgmma (so one's exponentials overlap the other's matmuls):
@@ -41,15 +40,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fox_kernel.ops.constants import LOG2E
 from fox_kernel.ops.gluon.common import (
     biased_scores,
-    hand_out,
     kept_key_range,
+    kv_load_partition,
     kv_ring,
-    next_tile,
-    query_tile,
-    query_tile_loader,
+    program_tile,
+    query_program,
     thread_barrier,
-    tile_handoff,
-    tile_rank,
     tma_add,
     tma_load,
     wgmma_layout,
@@ -76,17 +72,16 @@ def _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH: gl.constexpr):
 
 
 @gluon.jit
-def _load_tile(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
-               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, t_q, it0,
-               GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
-    """Fills the ring for one key block, from its ``it0``-th use on (returns the next use's number): per
-    query block, the Q and dO tiles (TMA) and two row vectors (written here, off the consumers' path): log2
-    of the softmax denominators less the row term of the bias, and delta."""
+def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
+                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, t_q,
+                    GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+    """Fills the ring: per query block, the Q and dO tiles (TMA) and two row vectors (written here, off
+    the consumers' path): log2 of the softmax denominators less the row term of the bias, and delta."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     m_lo, _ = _query_blocks(pid_n, shift, t_q, BLOCK_M, BLOCK_N)
     nbytes: gl.constexpr = 2 * BLOCK_M * HEAD_D * q_desc.dtype.primitive_bitwidth // 8
-    i = it0
+    i = 0
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + b * stride_cb + h * stride_ch
@@ -113,42 +108,6 @@ def _load_tile(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ,
             tma_load(q_desc, [row, h * HEAD_D], ready.index(s), q_s.index(s))
             tma_load(do_desc, [row, h * HEAD_D], ready.index(s), do_s.index(s))
             i += 1
-    return i
-
-
-@gluon.jit
-def _load_partition(q_desc, do_desc, k_desc, v_desc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                    kv_empty, tile_s, COUNTER, C, CLQ, LSE, DELTA, RANGE, stride_cb, stride_ch, stride_lb, stride_lh,
-                    H, HKV, Tq, Tk, n_bh, heads_per_group, GROUP: gl.constexpr, HEAD_D: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
-    """The loader: takes key blocks, the program's own first and then the next not yet taken (``COUNTER``,
-    an int32 0: the blocks taken past the programs' first), hands each to the consumers (its number and its
-    K and V tiles, once they have released the last one's on ``kv_empty``) and streams the query blocks that
-    see it (``_load_tile``); past the last block it hands out the end."""
-    n_blk = gl.cdiv(Tk, BLOCK_N)
-    n_tiles = n_blk * n_bh
-    kv_bytes: gl.constexpr = 2 * BLOCK_N * HEAD_D * k_desc.dtype.primitive_bitwidth // 8
-    n = 0
-    it = 0
-    t = gl.program_id(0)
-    while t < n_tiles:
-        pid_n, pid_bh = tile_rank(t, n_blk, n_bh, heads_per_group)  # the first key blocks are the heaviest
-        b = pid_bh // HKV
-        hk = pid_bh % HKV
-        mbarrier.wait(kv_empty, (n & 1) ^ 1)
-        hand_out(tile_s, t)
-        mbarrier.expect(kv_bar, kv_bytes)
-        k_row = b * Tk + pid_n * BLOCK_N
-        tma_load(k_desc, [k_row, hk * HEAD_D], kv_bar, k_s)
-        tma_load(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
-        it = _load_tile(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
-                        stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, Tk - Tq, Tq, it,
-                        GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)
-        n += 1
-        t = gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
-    mbarrier.wait(kv_empty, (n & 1) ^ 1)
-    hand_out(tile_s, t)
-    ampere_mbarrier.arrive(kv_bar)
 
 
 @gluon.jit
@@ -215,16 +174,14 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
 
 
 @gluon.jit
-def _dkdv_tile(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_empty,
-               b, hk, H, pid_n, n_blk, shift, t_q, t_k,
-               stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-               stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, it0,
-               GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-               FUSED_DQ: gl.constexpr):
-    """One warpgroup's share of one key block: rows [ROW0, ROW0 + ROWS), its query blocks from the ring's
-    ``it0``-th use on (returns the next use's number); hands K and V back (``kv_empty``) once its last
-    matmul that reads them is done."""
+def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
+                       b, hk, H, pid_n, n_blk, shift, t_q, t_k,
+                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
+                       stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
+                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
+                       FUSED_DQ: gl.constexpr):
+    """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -238,7 +195,8 @@ def _dkdv_tile(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, re
     zero = gl.zeros([ROWS, BLOCK_M], gl.float32, s_layout)
     dk = gl.zeros([ROWS, HEAD_D], gl.float32, kv_layout)
     dv = gl.zeros([ROWS, HEAD_D], gl.float32, kv_layout)
-    i = it0
+    mbarrier.wait(kv_bar, 0)
+    i = 0
     for g in range(GROUP):
         h = hk * GROUP + g
         c_ptr = C + b * stride_cb + h * stride_ch
@@ -252,7 +210,6 @@ def _dkdv_tile(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, re
                                     (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ)
             i += 1
         gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
-    ampere_mbarrier.arrive(kv_empty)
     if FUSED_DQ:
         tma.store_wait(0)
 
@@ -264,46 +221,24 @@ def _dkdv_tile(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, re
     dv_ptrs = DV + b.to(gl.int64) * stride_dvb + hk * stride_dvh + rows64 * stride_dvt + cols[None, :]
     gl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=mask)
     gl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=mask)
-    return i
 
 
 @gluon.jit
-def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                       kv_empty, tile_s, H, HKV, Tq, Tk, n_bh, heads_per_group,
-                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-                       stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
-                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                       FUSED_DQ: gl.constexpr):
-    """One consumer warpgroup: rows [ROW0, ROW0 + ROWS) of every key block the loader hands this program."""
-    n_blk = gl.cdiv(Tk, BLOCK_N)
-    n_tiles = n_blk * n_bh
-    n = 0
-    it = 0
-    t = next_tile(tile_s, kv_bar, 0)
-    while t < n_tiles:
-        pid_n, pid_bh = tile_rank(t, n_blk, n_bh, heads_per_group)
-        it = _dkdv_tile(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_empty,
-                        pid_bh // HKV, pid_bh % HKV, H, pid_n, n_blk, Tk - Tq, Tq, Tk,
-                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-                        stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, it,
-                        GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROW0, ROWS, FUSED_DQ)
-        n += 1
-        t = next_tile(tile_s, kv_bar, n & 1)
-
-
-@gluon.jit
-def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC, RANGE, dq_desc, rs_desc, COUNTER,
+def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC, RANGE, dq_desc, rs_desc,
                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                       stride_cb, stride_ch, stride_lb, stride_lh,
-                      H, HKV, Tq, Tk, sm_scale, sm_scale2, n_bh, heads_per_group,
+                      H, HKV, Tq, Tk, sm_scale, sm_scale2, heads_per_group,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr):
     """dK, dV and the column term of dc; with FUSED_DQ also dQ / sm_scale and the row term of dc, added
     with TMA reductions into the float32 tensors of ``dq_desc`` (q's layout) and ``rs_desc`` ((B*H*4, Tq):
-    four partial sums per row): the one-pass backward. A program runs key blocks until none is left
-    (``COUNTER``: an int32 0)."""
+    four partial sums per row): the one-pass backward."""
+    n_blk = gl.cdiv(Tk, BLOCK_N)
+    pid_n, pid_bh = program_tile(n_blk, heads_per_group)  # the first key blocks are the heaviest
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    shift = Tk - Tq
 
     dtype: gl.constexpr = q_desc.dtype
     k_s = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_D], k_desc.layout)
@@ -320,7 +255,6 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # released by both consumer warpgroups
     mbarrier.init(kv_bar, count=1)
-    kv_empty, tile_s = tile_handoff(2)
     ROWS: gl.constexpr = BLOCK_N // 2
     # per consumer: its dS tile (the A operand of its dQ matmul) and two float32 dQ tiles for the reductions
     if FUSED_DQ:
@@ -339,23 +273,27 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
         rs_s = k_s
         rs2_s = k_s
 
+    k_row = b * Tk + pid_n * BLOCK_N
+    mbarrier.expect(kv_bar, 2 * BLOCK_N * HEAD_D * dtype.primitive_bitwidth // 8)
+    tma_load(k_desc, [k_row, hk * HEAD_D], kv_bar, k_s)
+    tma_load(v_desc, [k_row, hk * HEAD_D], kv_bar, v_s)
+
     # (constexprs are spelled out: a tuple built in the kernel would turn them into tensors)
     gl.warp_specialize(
         [
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                                  kv_empty, tile_s, H, HKV, Tq, Tk, n_bh, heads_per_group, stride_dkb, stride_dkt,
-                                  stride_dkh, stride_dvb, stride_dvt, stride_dvh, stride_cb, stride_ch, sm_scale,
-                                  sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, GROUP, HEAD_D, BLOCK_M, BLOCK_N,
-                                  STAGES, HAS_THRESH, 0, ROWS, FUSED_DQ)),
+                                  b, hk, H, pid_n, n_blk, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS,
+                                  FUSED_DQ)),
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
-                                  kv_empty, tile_s, H, HKV, Tq, Tk, n_bh, heads_per_group, stride_dkb, stride_dkt,
-                                  stride_dkh, stride_dvb, stride_dvt, stride_dvh, stride_cb, stride_ch, sm_scale,
-                                  sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s, GROUP, HEAD_D, BLOCK_M, BLOCK_N,
-                                  STAGES, HAS_THRESH, ROWS, ROWS, FUSED_DQ)),
-            (_load_partition, (q_desc, do_desc, k_desc, v_desc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
-                               kv_bar, kv_empty, tile_s, COUNTER, C, CLQ, LSE, DELTA, RANGE, stride_cb, stride_ch,
-                               stride_lb, stride_lh, H, HKV, Tq, Tk, n_bh, heads_per_group, GROUP, HEAD_D, BLOCK_M,
-                               BLOCK_N, STAGES, HAS_THRESH)),
+                                  b, hk, H, pid_n, n_blk, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
+                                  stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s,
+                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS,
+                                  FUSED_DQ)),
+            (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
+                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, Tq,
+                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],
@@ -364,12 +302,12 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
 
 
 @gluon.jit
-def _dq_step(u, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m, start_n,
+def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m, start_n,
              my_first, my_last, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              s_layout: gl.constexpr, a_layout: gl.constexpr):
-    """Key block ``start_n``, from the ring's ``u``-th use."""
-    s = u % STAGES
-    mbarrier.wait(ready.index(s), (u // STAGES) & 1)
+    """Key block ``start_n``, from ring slot ``i``."""
+    s = i % STAGES
+    mbarrier.wait(ready.index(s), (i // STAGES) & 1)
     if start_n <= my_last:  # else every key of the block lies past these rows
         k_t = k_s.index(s)
         v_t = v_s.index(s)
@@ -387,14 +325,12 @@ def _dq_step(u, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2,
 
 
 @gluon.jit
-def _dq_tile(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v_s, ck_s, ready, empty, q_empty,
-             b, h, pid_bh, pid_m, first, t_q, t_k, stride_dqb, stride_dqt, stride_dqh,
-             stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2, it0,
-             HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
-    """One warpgroup's share of one query block: rows [ROW0, ROW0 + ROWS), its key blocks from the ring's
-    ``it0``-th use on (returns the next use's number); hands Q and dO back (``q_empty``) once its last
-    matmul that reads them is done."""
+def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v_s, ck_s, ready, empty, q_bar,
+                          b, h, pid_bh, pid_m, first, t_q, t_k, stride_dqb, stride_dqt, stride_dqh,
+                          stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+    """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     dq_layout: gl.constexpr = wgmma_layout(HEAD_D)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
@@ -413,77 +349,58 @@ def _dq_tile(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v
     delta = gl.load(DELTA + b * stride_lb + h * stride_lh + offs_m, mask=mask_m, other=0.0)
     my_first = first + ROW0
     my_last = my_first + ROWS - 1
-    q_s = q_all.index(0).slice(ROW0, ROWS)
-    do_s = do_all.index(0).slice(ROW0, ROWS)
+    q_s = q_all.slice(ROW0, ROWS)
+    do_s = do_all.slice(ROW0, ROWS)
     zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     dq = gl.zeros([ROWS, HEAD_D], gl.float32, dq_layout)
     dc_row = gl.zeros([ROWS], gl.float32, row_layout)
     lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
-    n_blocks = gl.cdiv(hi - lo, BLOCK_N)
-    for i in range(0, n_blocks):
-        dq, dc_row = _dq_step(it0 + i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m,
+    mbarrier.wait(q_bar, 0)
+    for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
+        dq, dc_row = _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m,
                               lo + i * BLOCK_N, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout)
-    ampere_mbarrier.arrive(q_empty)
     gl.store(DC_ROW + b * stride_lb + h * stride_lh + offs_m, dc_row, mask=mask_m)
     rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, dq_layout))
     cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
     dq_ptrs = (DQ + b.to(gl.int64) * stride_dqb + h * stride_dqh + rows.to(gl.int64)[:, None] * stride_dqt
                + cols[None, :])
     gl.store(dq_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows < t_q)[:, None])
-    return it0 + n_blocks
 
-
-@gluon.jit
-def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v_s, ck_s, ready, empty,
-                          q_bar, q_empty, tile_s, H, Tq, Tk, n_bh, heads_per_group, stride_dqb, stride_dqt,
-                          stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
-                          GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
-    """One consumer warpgroup: rows [ROW0, ROW0 + ROWS) of every query tile the loader hands this program."""
-    n_tiles = gl.cdiv(Tq, BLOCK_M) * n_bh
-    n = 0
-    it = 0
-    t = next_tile(tile_s, q_bar, 0)
-    while t < n_tiles:
-        pid_m, pid_bh, b, h, hk, first = query_tile(t, n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
-        it = _dq_tile(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v_s, ck_s, ready, empty,
-                      q_empty, b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
-                      stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2, it,
-                      HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROW0, ROWS)
-        n += 1
-        t = next_tile(tile_s, q_bar, n & 1)
 
 
 @gluon.jit
-def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, COUNTER,
+def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols,
                     stride_dqb, stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh,
-                    H, Tq, Tk, sm_scale, sm_scale2, n_bh, heads_per_group,
+                    H, Tq, Tk, sm_scale, sm_scale2, heads_per_group,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                     LOADER_REGS: gl.constexpr):
-    """dQ and the row term of dc of query tiles of BLOCK_M queries, each split between two consumer
-    warpgroups; a program runs tiles until none is left (``COUNTER``: an int32 0)."""
+    pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, heads_per_group)
     dtype: gl.constexpr = q_desc.dtype
-    q_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_D], q_desc.layout)
-    do_s = gl.allocate_shared_memory(dtype, [1, BLOCK_M, HEAD_D], do_desc.layout)
+    q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], do_desc.layout)
     k_s, v_s, ck_s, ready, empty, q_bar = kv_ring(k_desc, v_desc, BLOCK_N, HEAD_D, STAGES, 2)
-    q_empty, tile_s = tile_handoff(2)
+
+    q_row = b * Tq + pid_m * BLOCK_M
+    mbarrier.expect(q_bar, 2 * BLOCK_M * HEAD_D * dtype.primitive_bitwidth // 8)
+    tma_load(q_desc, [q_row, h * HEAD_D], q_bar, q_s)
+    tma_load(do_desc, [q_row, h * HEAD_D], q_bar, do_s)
 
     ROWS: gl.constexpr = BLOCK_M // 2
     gl.warp_specialize(
         [
-            (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready,
-                                     empty, q_bar, q_empty, tile_s, H, Tq, Tk, n_bh, heads_per_group, stride_dqb,
-                                     stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale,
-                                     sm_scale2, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
-            (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready,
-                                     empty, q_bar, q_empty, tile_s, H, Tq, Tk, n_bh, heads_per_group, stride_dqb,
-                                     stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale,
-                                     sm_scale2, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
-            (query_tile_loader, (q_desc, do_desc, q_s, do_s, k_desc, v_desc, k_s, v_s, ck_s, ready, empty, q_bar,
-                                 q_empty, tile_s, COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk,
-                                 n_bh, heads_per_group, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 1, True)),
+            (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
+                                     b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
+                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
+            (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
+                                     b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
+                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
+            (kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                                 b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],
     )
+

@@ -1,9 +1,7 @@
 """What the Gluon dQ pass and forward share: a query tile is BLOCK_M queries of one head and the key blocks
-they see; a loader partition streams K and V tiles (and each key block's column term of the bias) through
-a ring of shared-memory slots, consumer warpgroups own the query rows. Every Gluon pass runs one program
-per SM (``tiles.PERSISTENT``): its loader takes tiles in launch order (``tile_rank``) from an atomic
-counter until none is left and hands each to the consumers through shared memory (``tile_handoff``), so
-the next tile's loads overlap the last one's end instead of waiting for a new program. Same bias split as
+they see (a dQ program owns one; a forward program takes tiles until none is left, see ``fwd``); a loader
+partition streams K and V tiles (and each key block's column term of the bias) through a ring of
+shared-memory slots, consumer warpgroups own the query rows. Same bias split as
 the Triton passes: measured from ``c`` at the query block's first position, keys through the float32
 local sums of BLOCK_N-long tiles plus one float64 offset per tile. Also the TMA reduction and the wgmma
 layout that the dK/dV pass uses.
@@ -14,7 +12,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.ampere import mbarrier as ampere_mbarrier
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma_wait
 
 from fox_kernel.ops.constants import LOG2E
@@ -88,6 +85,15 @@ def kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, ran
 
 
 @gluon.jit
+def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                      b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+    """The loader of a program that owns one query block (``kv_load_tile`` from the ring's first use)."""
+    kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
+                 b, h, hk, pid_bh, pid_m, first, t_k, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)
+
+
+@gluon.jit
 def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.constexpr,
                   s_layout: gl.constexpr, PENDING: gl.constexpr):
     """The scores of key block ``start_n`` (ring slot ``s``) in log2 units less the rows' bias term: waits
@@ -119,6 +125,12 @@ def tile_rank(idx, n_blk, n_bh, heads_per_group):
 
 
 @gluon.jit
+def program_tile(n_blk, heads_per_group):
+    """``tile_rank`` of this program of a one-axis grid with one program per tile."""
+    return tile_rank(gl.program_id(0), n_blk, gl.num_programs(0) // n_blk, heads_per_group)
+
+
+@gluon.jit
 def query_tile(idx, n_bh, heads_per_group, H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr):
     """(query block, row*head, row, head, key/value head, key position of the block's first query) of
     query tile ``idx``; the heaviest blocks (the last: they see the most keys) come first, in the order of
@@ -131,65 +143,10 @@ def query_tile(idx, n_bh, heads_per_group, H, Tq, Tk, GROUP: gl.constexpr, BLOCK
 
 
 @gluon.jit
-def tile_handoff(CONSUMERS: gl.constexpr):
-    """What a loader that takes tiles hands them to the consumers through: a barrier the consumers release
-    a tile's own operands on (every consumer warpgroup) and the tile's number (32 copies)."""
-    released = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(released, count=CONSUMERS)
-    vec_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    return released, gl.allocate_shared_memory(gl.int32, [32], vec_smem)
-
-
-@gluon.jit
-def hand_out(tile_s, t):
-    """The loader writes tile number ``t`` for the consumers (before the arrival that tells them)."""
-    tile_s.store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-    thread_barrier()  # every lane's store before the one-thread arrival
-
-
-@gluon.jit
-def next_tile(tile_s, bar, phase):
-    """The tile a consumer warpgroup is handed next (past the last: no more), once ``bar`` completes
-    ``phase`` (its operands are in)."""
-    mbarrier.wait(bar, phase)
-    return gl.max(tile_s.load(gl.BlockedLayout([1], [32], [4], [0])), axis=0)
-
-
-@gluon.jit
-def query_tile_loader(q_desc, do_desc, q_all, do_all, k_desc, v_desc, k_s, v_s, ck_s, ready, empty, q_bar, q_empty,
-                      tile_s, COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk, n_bh,
-                      heads_per_group, GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, Q_PARTS: gl.constexpr,
-                      WITH_DO: gl.constexpr):
-    """The loader of a pass over query tiles (the forward, the dQ pass): takes tiles, the program's own
-    first and then the next not yet taken (``COUNTER``, an int32 0: the tiles taken past the programs'
-    first), hands each to the consumers (its number, and its Q tile in Q_PARTS row parts, and with WITH_DO
-    its dO tile, once they have released the last one's on ``q_empty``) and streams its key blocks through
-    the ring (``kv_load_tile``); past the last tile it hands out the end."""
-    n_tiles = gl.cdiv(Tq, BLOCK_M) * n_bh
-    ROWS: gl.constexpr = BLOCK_M // Q_PARTS
-    q_bytes: gl.constexpr = (2 if WITH_DO else 1) * BLOCK_M * HEAD_D * q_desc.dtype.primitive_bitwidth // 8
-    n = 0
-    it = 0
-    t = gl.program_id(0)
-    while t < n_tiles:
-        pid_m, pid_bh, b, h, hk, first = query_tile(t, n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
-        mbarrier.wait(q_empty, (n & 1) ^ 1)
-        hand_out(tile_s, t)
-        mbarrier.expect(q_bar, q_bytes)
-        for c in gl.static_range(Q_PARTS):
-            row = b * Tq + pid_m * BLOCK_M + c * ROWS
-            tma_load(q_desc, [row, h * HEAD_D], q_bar, q_all.index(c))
-            if WITH_DO:
-                tma_load(do_desc, [row, h * HEAD_D], q_bar, do_all.index(c))
-        it = kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb,
-                          stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, it, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
-                          HAS_THRESH)
-        n += 1
-        t = gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
-    mbarrier.wait(q_empty, (n & 1) ^ 1)
-    hand_out(tile_s, t)
-    ampere_mbarrier.arrive(q_bar)
+def query_program(H, Tq, Tk, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, heads_per_group):
+    """``query_tile`` of this program of a one-axis grid with one program per query tile."""
+    n_bh = gl.num_programs(0) // gl.cdiv(Tq, BLOCK_M)
+    return query_tile(gl.program_id(0), n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
 
 
 @gluon.jit

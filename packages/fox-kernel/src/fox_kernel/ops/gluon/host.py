@@ -129,8 +129,6 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
     # shapes no gain or slower: benchmarks/launch-order-h100-s17.json)
     heads_first = D == 64 and Hkv < H
     grid, heads_per_group = launch_grid("dkdv", launch.cdiv(Tk, block_n), B * Hkv, B * Hkv if heads_first else 1)
-    if PERSISTENT["dkdv"]:
-        grid = (min(grid[0], launch.sm_count(q.device)),)
     q_desc = _descriptor(q, block_m)
     one_pass = dq is not None
     # the one pass's float32 outputs: dQ / sm_scale, and four partial row sums per query (one per warp),
@@ -143,10 +141,10 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
         rs_desc = _matrix_descriptor(row_sums[:, :Tq], [4, block_m])
     launch.run(gluon_dkdv_kernel, grid,
         q_desc, _descriptor(do, block_m), *kv,
-        c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc, torch.zeros(1, dtype=torch.int32, device=q.device),
+        c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value, B * Hkv, heads_per_group,
+        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
@@ -165,14 +163,11 @@ def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
     grid, heads_per_group = launch_grid("dq", launch.cdiv(Tq, block_m), B * H, 1)
-    if PERSISTENT["dq"]:
-        grid = (min(grid[0], launch.sm_count(q.device)),)
     launch.run(gluon_dq_kernel, grid,
         _descriptor(q, block_m), _descriptor(do, block_m), *kv,
         c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
-        torch.zeros(1, dtype=torch.int32, device=q.device),
         dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value, B * H, heads_per_group,
+        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
     )

@@ -42,7 +42,7 @@ def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
 
 
 # Passes that launch one program per SM, each running tiles until none is left (else one program per tile).
-PERSISTENT = {"fwd": True, "dkdv": True, "dq": True}
+PERSISTENT = {"fwd": True}
 # Heads per launch group of each Gluon pass ("fwd", "dkdv", "dq"), set by benchmarks to override the default
 # order of ``launch_grid``; empty in normal use.
 HEAD_GROUPS: dict[str, int] = {}
