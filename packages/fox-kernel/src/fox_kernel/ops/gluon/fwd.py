@@ -6,9 +6,10 @@ A program runs on each SM (``tiles.PERSISTENT``) and takes tiles until none is l
 them in launch order (``common.tile_rank``) from an atomic counter, hands each one's number and Q to the
 consumers through shared memory once they have released the last one's, and streams its key blocks, so
 that the next tile's loads overlap the last one's end instead of waiting for a new program: 2-3% faster
-than one program per tile at seven shapes on an H200 (benchmarks/persistent-fwd-trees-ab-h200-2026-11-29.json).
-The same for the two backward passes was level with one program per tile (0.985-1.011x forward+backward,
-persistent-bwd-trees-ab-h200-2026-11-29.json) and is not kept.
+than the forward with one program per tile that came before, at seven shapes on an H200
+(benchmarks/persistent-fwd-trees-ab-h200-2026-11-29.json). The same for the two backward passes was level
+with their one program per tile (0.985-1.011x forward+backward, persistent-bwd-trees-ab-h200-2026-11-29.json)
+and is not kept.
 """
 
 from __future__ import annotations
