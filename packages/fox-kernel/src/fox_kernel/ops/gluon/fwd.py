@@ -245,6 +245,15 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
 
 
 @gluon.jit
+def _hand_out(tile_s, q_empty, n, t):
+    """The loader writes the number of its ``n``-th tile, ``t``, for the consumers once they are done with
+    the last tile's Q (the arrival that tells them follows)."""
+    mbarrier.wait(q_empty, (n & 1) ^ 1)
+    tile_s.store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
+    thread_barrier()  # every lane's store before the one-thread arrival
+
+
+@gluon.jit
 def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, empty, q_bar, q_empty, tile_s,
                         COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk, n_bh, heads_per_group,
                         GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -260,9 +269,7 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, em
     t = gl.program_id(0)
     while t < n_tiles:
         pid_m, pid_bh, b, h, hk, first = query_tile(t, n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
-        mbarrier.wait(q_empty, (n & 1) ^ 1)  # the consumers are done with the last tile's Q
-        tile_s.store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-        thread_barrier()
+        _hand_out(tile_s, q_empty, n, t)
         mbarrier.expect(q_bar, q_bytes)
         for c in gl.static_range(CONSUMERS):
             tma_load(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_all.index(c))
@@ -271,9 +278,7 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, em
                           HAS_THRESH)
         n += 1
         t = gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
-    mbarrier.wait(q_empty, (n & 1) ^ 1)
-    tile_s.store(gl.full([32], t, gl.int32, gl.BlockedLayout([1], [32], [1], [0])))
-    thread_barrier()
+    _hand_out(tile_s, q_empty, n, t)
     ampere_mbarrier.arrive(q_bar)
 
 

@@ -50,14 +50,14 @@ HEAD_GROUPS: dict[str, int] = {}
 
 def launch_grid(kind: str, blocks: int, programs: int, group: int):
     """(grid, heads per group) of a pass over ``blocks`` blocks of each of ``programs`` (row, head) pairs, on
-    one grid axis, heads in groups of ``group`` (see common.program_tile; ``HEAD_GROUPS`` overrides it)."""
+    one grid axis, heads in groups of ``group`` (the order of common.tile_rank; ``HEAD_GROUPS`` overrides it)."""
     group = HEAD_GROUPS.get(kind) or group
     return (blocks * programs,), max(1, min(group, programs))
 
 
 def wave_group(blocks: int, sms: int) -> int:
-    """Heads per group whose blocks fill two waves of ``sms`` programs: the forward at D=64 on an H200
-    (benchmarks/launch-groups-ab-h200-2026-11-29.json) ran 5-6% faster so than one head after another (at
-    4 x 4k, 32 heads: 8 or 16 heads a group; at 16k: 4) and level with all heads at once at 12 heads,
-    where all heads at once was 10% faster than one at a time; all heads at once lost 3-5% at 32 heads."""
+    """The fewest heads per group whose blocks fill two waves of ``sms`` programs. The forward at D=64 on an
+    H200 (benchmarks/launch-groups-ab-h200-2026-11-29.json) ran 5-6% faster with such groups than one head
+    after another (at 4 x 4k, 32 heads: groups of 8 or 16; at 16k: 4), and level with all heads at once at
+    12 heads, where one head after another was 10% slower; all heads at once lost 3-5% at 32 heads."""
     return -(-2 * sms // blocks)
