@@ -4,7 +4,7 @@ before``), in interleaved rounds of fresh processes (``decode_trees_ab.run_tree`
 
 Each round times, at ``launch_groups_ab.SHAPES`` (bench_attention's quick cells and one 125M layer), ours
 and cuDNN SDPA eagerly (``bench_attention._time``, the median of ``triton.testing.do_bench``), and where the
-tree has one-program-per-SM passes (``gluon.tiles.PERSISTENT``) also ours with every pass one program per
+tree has the one-program-per-SM forward (``gluon.tiles.PERSISTENT``) also ours with one program per query
 tile. Each
 process first checks its forward and gradients against the float64 reference at a small shape. Prints the
 medians over the rounds (and cuDNN's time over ours) and writes JSON with every round.
@@ -30,7 +30,7 @@ def worker() -> None:
     import torch
     import triton
     from bench_attention import _inputs, _ours, _sdpa, _time
-    from launch_groups_ab import SHAPES
+    from launch_groups_ab import SHAPES, _groups
     from torch.nn.attention import SDPBackend
 
     from fox_kernel.ops.gluon import tiles
@@ -49,29 +49,17 @@ def worker() -> None:
     for name, a, e, s in zip(("out", "dq", "dk", "dv", "dlog_fgate"), got, *refs):
         assert_close_to_reference(a, e, s, name=name, factor=3.0)
 
-    persistent = getattr(tiles, "PERSISTENT", None)
-
-    @contextlib.contextmanager
-    def per_tile(on):
-        """Every pass with one program per tile (where ``on`` and the tree has the choice)."""
-        kept = dict(persistent or {})
-        if on:
-            persistent.update({name: False for name in persistent})
-        try:
-            yield
-        finally:
-            if persistent is not None:
-                persistent.update(kept)
-
-    calls = {"ours": (_ours(), False), "cudnn": (_sdpa(SDPBackend.CUDNN_ATTENTION), False)}
-    if persistent is not None:
-        calls["ours per tile"] = (_ours(), True)
+    # (function, launch_groups_ab._groups' setting or None); one program per query tile where the tree
+    # has the choice
+    calls = {"ours": (_ours(), None), "cudnn": (_sdpa(SDPBackend.CUDNN_ATTENTION), None)}
+    if hasattr(tiles, "PERSISTENT"):
+        calls["ours per tile"] = (_ours(), "per-tile fwd")
     cells = {}
     for B, T, H, Hkv, D in SHAPES:
         args = _inputs(B, T, H, Hkv, D)
         for mode in ("fwd", "fwd+bwd"):
-            for name, (fn, on) in calls.items():
-                with per_tile(on):
+            for name, (fn, setting) in calls.items():
+                with _groups(setting, None) if setting else contextlib.nullcontext():
                     cells[f"B={B} T={T} H={H}/{Hkv} D={D} {mode}|{name}"] = _time(fn, args, mode)
     print(json.dumps(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                           cells=cells)))
