@@ -73,6 +73,10 @@ def main():
     ap.add_argument("--persistent", action="store_true",
                     help="only the forward, one program per SM (the default) against one per query tile")
     args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    if not torch.cuda.is_available():
+        raise SystemExit("launch_groups_ab.py needs a CUDA GPU")
     result = {"env": _env(), "rounds": args.rounds, "cells": []}
     for B, T, H, Hkv, D in SHAPES:
         torch.manual_seed(0)

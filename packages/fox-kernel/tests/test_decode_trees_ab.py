@@ -84,3 +84,14 @@ def test_launch_groups_settings_are_restored(benchmark_script):
     with script._groups("per-tile fwd", None):
         assert tiles.HEAD_GROUPS == {} and not tiles.PERSISTENT["fwd"]
     assert tiles.HEAD_GROUPS == {} and tiles.PERSISTENT["fwd"]
+
+
+@pytest.mark.parametrize("argv,message", [(["--rounds", "0"], "--rounds must be at least 1, got 0"),
+                                          ([], "launch_groups_ab.py needs a CUDA GPU")])
+def test_launch_groups_bad_arguments_stop_in_one_line(monkeypatch, argv, message, benchmark_script):
+    if not argv and torch.cuda.is_available():
+        pytest.skip("the GPU check needs a machine without one")
+    monkeypatch.setattr(sys, "argv", ["launch_groups_ab.py", *argv])
+    with pytest.raises(SystemExit) as stop:
+        benchmark_script("launch_groups_ab").main()
+    assert str(stop.value) == message
