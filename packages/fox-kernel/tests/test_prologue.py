@@ -78,7 +78,9 @@ def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, 
         lf[0, Tk // 3, 1] = float("-inf")
     lf = lf.to(device)
     tensors = {"q and k": (q, k), "k": (k,), "none": ()}[norms]
-    c, z, seen, nx, ny = prologue.forward_sums(lf, zeros, *tensors)
+    counter = torch.tensor([12345], dtype=torch.int32, device=device)  # the launch sets it to 0
+    c, z, seen, nx, ny = prologue.forward_sums(lf, zeros, *tensors, counter=counter)
+    assert counter.item() == 0
     want = sums.prefix_sums(lf, None, zeros=zeros)
     want_c, want_z, want_seen = want if zeros else (want, None, None)
     assert torch.equal(c, want_c) and (z is None) == (seen is None) == (not zeros)

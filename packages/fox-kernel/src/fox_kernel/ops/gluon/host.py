@@ -48,7 +48,8 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     # the "auto" bound reads q and k, the fixed softmax bound k: the fixed bound's key norms come from the
     # same read of k as the pruning bound's
     norms_of = (q, k) if auto else (k,) if fixed else ()
-    c, z, seen, x_norms, y_norms = forward_sums(log_fgate, call.zero_gates, *norms_of)
+    counter = torch.empty(1, dtype=torch.int32, device=q.device)  # the tile counter, zeroed by forward_sums
+    c, z, seen, x_norms, y_norms = forward_sums(log_fgate, call.zero_gates, *norms_of, counter=counter)
     qn2, kn2 = (x_norms, y_norms) if auto else (None, x_norms)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
@@ -70,7 +71,6 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     grid, heads_per_group = launch_grid("fwd", n_blk, B * H, group)
     if PERSISTENT["fwd"]:  # one program per SM (one fits), each taking tiles until none is left
         grid = (min(grid[0], sms),)
-    counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     launch.run(gluon_fwd_kernel, grid,
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, counter, out.stride(0), out.stride(1), out.stride(2),

@@ -107,13 +107,17 @@ def backward_prologue(out, do, c, threshold, Tk: int, clq_seg: int, clq_origin: 
 
 
 @triton.jit
-def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, OUT_X, OUT_Y, lf_strides, x_strides, y_strides, H, T, HX, HY, TX, TY,
+def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, OUT_X, OUT_Y, COUNTER, lf_strides, x_strides, y_strides, H, T, HX, HY, TX, TY,
                          D, N_SUMS, ZEROS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORMS: tl.constexpr,
                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     """Programs [0, N_SUMS): the prefix sums of one (row, head) each; with HAS_NORMS the rest: the largest
-    squared row norms of X and Y, one (row, head) x BLOCK_T rows each (heads fastest)."""
+    squared row norms of X and Y, one (row, head) x BLOCK_T rows each (heads fastest). Program 0 also
+    sets COUNTER (if given) to 0."""
     stride_lb, stride_lt, stride_lh = lf_strides
     pid = tl.program_id(0)
+    if COUNTER is not None:  # noqa: SIM102 (a compile-time test around a run-time one)
+        if pid == 0:
+            tl.store(COUNTER, 0)
     if pid < N_SUMS:
         prefix_sums_row(LF, None, C, Z, FLAG, stride_lb, stride_lt, stride_lh, pid, H, T, False, ZEROS, BLOCK)
     else:
@@ -126,10 +130,12 @@ def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, OUT_X, OUT_Y, lf_strides, x_strid
                               BLOCK_T, BLOCK_D, False)
 
 
-def forward_sums(log_fgate, zeros: bool, x=None, y=None):
+def forward_sums(log_fgate, zeros: bool, x=None, y=None, counter=None):
     """(c, z, ticket, x's norms, y's norms), as ``sums.prefix_sums(log_fgate, None, zeros)`` (z and the
     ticket None without ``zeros``) and ``norms.max_sq_row_norms(x, y)`` give them (x's alone without y, y's
-    None; both None without x), from one launch. x (B, Tx, Hx, D), y (B, Ty, Hy, D) with log_fgate's batch."""
+    None; both None without x), from one launch. x (B, Tx, Hx, D), y (B, Ty, Hy, D) with log_fgate's batch.
+    ``counter``: a one-element int32 tensor the same launch sets to 0 (the Gluon forward's tile counter,
+    without a fill launch of its own)."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
@@ -140,12 +146,14 @@ def forward_sums(log_fgate, zeros: bool, x=None, y=None):
     n_norms = B * (_dim(x, 2) + _dim(y, 2)) * launch.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
     if B * H and T:
         launch.run(_forward_sums_kernel, (B * H + n_norms,),
-            log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, launch.strides(log_fgate), _strides(x),
+            log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, counter, launch.strides(log_fgate), _strides(x),
             _strides(y_), H, T,
             _dim(x, 2), _dim(y, 2), _dim(x, 1), _dim(y, 1), _dim(x, 3), B * H,
             ZEROS=zeros, BLOCK=scan_block(T), HAS_NORMS=x is not None, BLOCK_T=NORM_ROWS,
             BLOCK_D=launch.block_d(_dim(x, 3)), num_warps=4,
         )
+    elif counter is not None:
+        counter.zero_()
     if seen is not None:
         seen.launched()
     return c, z, seen, nx, ny if y is not None else None
