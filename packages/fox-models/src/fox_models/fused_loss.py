@@ -13,6 +13,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.triton.launch import next_power_of_2
+
 IGNORE_INDEX = -100
 """The label whose token scores no loss (transformers' convention)."""
 
@@ -87,7 +89,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             e = min(N, s + chunk_tokens)
             logits = F.linear(hidden[s:e].to(dt), w)
             _ce_fwd_kernel[(e - s,)](logits, labels[s:e], loss[s:e], lse[s:e], logits.stride(0), vocab,
-                                     BLOCK_V=min(BLOCK_V, triton.next_power_of_2(vocab)), IGNORE=IGNORE_INDEX,
+                                     BLOCK_V=min(BLOCK_V, next_power_of_2(vocab)), IGNORE=IGNORE_INDEX,
                                      num_warps=8)
             del logits
         ctx.save_for_backward(hidden, weight, labels, lse)
@@ -109,7 +111,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             h = hidden[s:e].to(dt)
             dlogits = F.linear(h, w)
             _ce_bwd_kernel[(e - s,)](dlogits, labels[s:e], lse[s:e], dloss[s:e], dlogits.stride(0), vocab, VP,
-                                     BLOCK_V=min(BLOCK_V, triton.next_power_of_2(VP)), IGNORE=IGNORE_INDEX,
+                                     BLOCK_V=min(BLOCK_V, next_power_of_2(VP)), IGNORE=IGNORE_INDEX,
                                      num_warps=8)
             if need_h:
                 dh[s:e] = dlogits @ w

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import triton
 
 from fox_kernel import runs_triton
+from fox_kernel.ops.triton.launch import next_power_of_2
 
 
 def use_triton(x: torch.Tensor) -> bool:
@@ -50,5 +50,5 @@ def needs_autograd(*tensors: torch.Tensor | None) -> bool:
 def row_tiles(width: int) -> tuple[int, int]:
     """(rows, columns) of a row-wise kernel's tile for rows ``width`` wide: the columns the next power of 2
     (at least 16), as many rows as make about 4k elements (at most 64)."""
-    block_d = max(16, triton.next_power_of_2(width))
+    block_d = max(16, next_power_of_2(width))
     return max(1, min(64, 4096 // block_d)), block_d

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.triton.launch import cdiv
 from fox_layers.kernels import needs_autograd, row_tiles, row_view, use_triton
 
 
@@ -104,7 +105,7 @@ def _forward(x2, weight, g2, num_groups, eps, act):
     rstd = torch.empty(N * num_groups, dtype=torch.float32, device=x2.device)
     meta = _launch(Dg)
     if N:
-        _norm_gate_fwd[(triton.cdiv(N, meta["BLOCK_N"]), num_groups)](
+        _norm_gate_fwd[(cdiv(N, meta["BLOCK_N"]), num_groups)](
             x2, weight, g2 if g2 is not None else x2, y, rstd, N, num_groups, Dg, x2.stride(0),
             g2.stride(0) if g2 is not None else 0, eps, SHARED=weight.numel() == Dg, HAS_GATE=g2 is not None,
             ACT=act, **meta)
@@ -133,7 +134,7 @@ class _NormGate(torch.autograd.Function):
         dx = torch.empty(N, C, dtype=x.dtype, device=x.device)
         dg = torch.empty(N, C, dtype=gate.dtype, device=x.device) if gate is not None else None
         meta = _launch(Dg)
-        n_tiles = triton.cdiv(N, meta["BLOCK_N"])
+        n_tiles = cdiv(N, meta["BLOCK_N"])
         dw_part = torch.empty(n_tiles, C, dtype=torch.float32, device=x.device)
         shared = weight.numel() == Dg
         if N:

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.triton.launch import cdiv
 from fox_layers.kernels import needs_autograd, row_tiles, row_view
 
 
@@ -80,7 +81,7 @@ def _forward(cur, s, kind, state, B, T, C):
     out = torch.empty(B, T, C, dtype=cur.dtype, device=cur.device)
     meta = _launch(C, HS)
     if B * T:
-        _shift_fwd[(triton.cdiv(B * T, meta["BLOCK_R"]), HS)](cur, s, kind, state, out, B * T, T, C, HS, C // HS,
+        _shift_fwd[(cdiv(B * T, meta["BLOCK_R"]), HS)](cur, s, kind, state, out, B * T, T, C, HS, C // HS,
                                                                cur.stride(0), s.stride(0), **meta)
     return out
 
@@ -109,7 +110,7 @@ class _ShiftMix(torch.autograd.Function):
         dstate = torch.zeros(B, C, dtype=torch.float32, device=cur.device)
         meta = _launch(C, HS)
         if B * T:
-            _shift_bwd[(triton.cdiv(B * T, meta["BLOCK_R"]), HS)](
+            _shift_bwd[(cdiv(B * T, meta["BLOCK_R"]), HS)](
                 cur, s, kind, st, dout, dcur, ds, dstate, B * T, T, C, HS, C // HS, cur.stride(0), s.stride(0),
                 dout.stride(0), **meta)
         return dcur, ds.to(s_dtype), None, dstate.to(st.dtype) if ctx.needs_input_grad[3] else None

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.triton.launch import cdiv
 from fox_layers.kernels import needs_autograd, row_view, use_triton
 
 
@@ -55,7 +56,7 @@ _META = dict(BLOCK_N=16, BLOCK_I=256, num_warps=4)
 
 
 def _grid(N: int, I: int) -> tuple[int, int]:
-    return triton.cdiv(N, _META["BLOCK_N"]), triton.cdiv(I, _META["BLOCK_I"])
+    return cdiv(N, _META["BLOCK_N"]), cdiv(I, _META["BLOCK_I"])
 
 
 def _forward(h2: torch.Tensor) -> torch.Tensor:

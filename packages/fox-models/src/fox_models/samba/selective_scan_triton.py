@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fox_kernel.ops.triton.launch import cdiv, next_power_of_2
+
 # Time steps between two states the forward saves for the backward (a multiple of every BLOCK_T).
 CHUNK = 256
 # (BLOCK_T time steps per tile, BLOCK_E channels per program, warps) of each pass. With 8 channels a program,
@@ -243,7 +245,7 @@ def _z_strides(z):
 
 
 def n_chunks(T: int) -> int:
-    return triton.cdiv(T, CHUNK)
+    return cdiv(T, CHUNK)
 
 
 def scan_forward(x, dt, A, B, C, D, z, dt_bias, initial_state, save_states: bool, blocks=None):
@@ -263,11 +265,11 @@ def scan_forward(x, dt, A, B, C, D, z, dt_bias, initial_state, save_states: bool
     Dp = None if D is None else D.float().contiguous()
     bias = None if dt_bias is None else dt_bias.float().contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
-    grid = (triton.cdiv(E, block_e), Bt)
+    grid = (cdiv(E, block_e), Bt)
     _fwd_kernel[grid](
         x, dt, z, B, C, A, Dp, bias, h0, out, final, states,
         T, E, N, sz_b, sz_t, sbc_b, sbc_t,
-        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_N=triton.next_power_of_2(N), CHUNK_TILES=CHUNK // block_t,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_N=next_power_of_2(N), CHUNK_TILES=CHUNK // block_t,
         HAS_Z=z is not None, HAS_D=D is not None, HAS_BIAS=dt_bias is not None, HAS_H0=initial_state is not None,
         SAVE_STATES=save_states, num_warps=num_warps,
     )
@@ -285,8 +287,8 @@ def scan_backward(dout, x, dt, A, B, C, D, z, dt_bias, states, blocks=None):
     B, C, sbc_b, sbc_t = _strides_bc(B, C)
     z, sz_b, sz_t = _z_strides(z)
     block_t, block_e, num_warps = blocks or BACKWARD
-    block_n, chunk_tiles = triton.next_power_of_2(N), CHUNK // block_t
-    n_eblocks = triton.cdiv(E, block_e)
+    block_n, chunk_tiles = next_power_of_2(N), CHUNK // block_t
+    n_eblocks = cdiv(E, block_e)
     f32 = dict(device=x.device, dtype=torch.float32)
     dx, ddt = torch.empty_like(x), torch.empty_like(dt)
     dz = None if z is None else torch.empty(z.shape, device=z.device, dtype=z.dtype)
