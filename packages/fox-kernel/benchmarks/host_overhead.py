@@ -74,7 +74,9 @@ def main(argv=None):
                          "(--launch-ab, --reports-ab: 3 if not given)")
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions (own time) of the autograd calls (zero_gates=False, without "
-                         "and with the auto bound; with a per-head bound)")
+                         "and with the auto bound; with a per-head bound), or of the --profile-case cases")
+    ap.add_argument("--profile-case", action="append", default=None, metavar="CASE",
+                    help="a case to profile with --profile (repeatable; the names of the table's rows)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("host_overhead.py needs a CUDA GPU")
@@ -115,6 +117,10 @@ def main(argv=None):
         o = forgetting_attention(qg, kg, vg, lfg, adaptive_threshold=per_head)
         o.backward(o)
 
+    def fox_forward_pruned(**kw):  # bench_attention.py's forward cells: the public call without autograd
+        with torch.no_grad():
+            forgetting_attention(q, k, v, lf, adaptive_threshold="auto", **kw)
+
     from fox_kernel.ops import dispatch
     from fox_kernel.ops.call import AttentionCall
     from fox_kernel.ops.triton import sums
@@ -134,6 +140,9 @@ def main(argv=None):
         "forgetting_attention fwd+bwd, auto pruning (autograd)": fox_autograd_pruned,
         "forgetting_attention fwd+bwd, auto pruning, zero_gates=False (autograd)": fox_autograd_pruned_no_zero_gates,
         "forgetting_attention fwd+bwd, per-head bound (autograd)": fox_autograd_per_head,
+        "forgetting_attention forward, auto pruning (no grad)": fox_forward_pruned,
+        "forgetting_attention forward, auto pruning, zero_gates=False (no grad)":
+            lambda: fox_forward_pruned(zero_gates=False),
         "dispatch.forward (no op, no checks)": lambda: dispatch.forward(q, k, v, lf, AttentionCall(s, options=opts)),
         "dispatch.backward, pruning (no op)": lambda: dispatch.backward(do, q, k, v, lf, out, lse,
                                                                         AttentionCall(s, threshold=bound, options=opts)),
@@ -170,6 +179,12 @@ def main(argv=None):
     rounds = args.rounds if args.rounds is not None else 3 if switch else 1
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")
+    profiled = args.profile_case or ["forgetting_attention fwd+bwd, zero_gates=False (autograd)",
+                                     "forgetting_attention fwd+bwd, auto pruning, zero_gates=False (autograd)",
+                                     "forgetting_attention fwd+bwd, per-head bound (autograd)"]
+    unknown = [name for name in profiled if name not in cases]
+    if unknown:
+        raise SystemExit(f"--profile-case: no case {unknown[0]!r}; the cases: {', '.join(cases)}")
     rows = switch_ab(cases, args.calls, rounds, *switch[:3]) if switch else in_rounds(cases, args.calls, rounds)
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                python=platform.python_version(), cpu=platform.processor() or platform.machine())
@@ -185,9 +200,7 @@ def main(argv=None):
             print(f"{r['case']:72s} {r['host_us']:12.1f} {r['host_cpu_us']:12.1f}")
     profiles = {}
     if args.profile:
-        for name in ("forgetting_attention fwd+bwd, zero_gates=False (autograd)",
-                     "forgetting_attention fwd+bwd, auto pruning, zero_gates=False (autograd)",
-                     "forgetting_attention fwd+bwd, per-head bound (autograd)"):
+        for name in profiled:
             profiles[name] = python_profile(cases[name], args.calls)
             print(f"\n{name}: top functions by own time (us per call, cumulative us per call)")
             for row in profiles[name][:30]:
