@@ -1,9 +1,8 @@
 """The kernel README's latest speed tables hold the numbers of the one benchmark run they cite.
 
 The README says every cell of its "latest run" tables (attention against every contender, pruning against the
-official kernel, decoding) comes from one ``bench_attention.py`` run, whose JSON is kept in ``benchmarks/``,
-and that a fourth table, decoding timed eager and from a CUDA graph, comes from one ``--decode-only --graph``
-run. This reads those tables back and compares each cell with its JSON, so that a table edited by hand, or a
+official kernel, decoding, each timed eager and from a CUDA graph) comes from one ``bench_attention.py`` run,
+whose JSON is kept in ``benchmarks/``. This reads those tables back and compares each cell with its JSON, so that a table edited by hand, or a
 JSON replaced by another run's, fails here.
 """
 
@@ -21,9 +20,9 @@ README = (ROOT / "README.md").read_text()
 START = "The latest run: every number of this table"
 
 
-def _run_json(kind: str = "final"):
-    """The JSON of the section's full run ("final") or of its decoding run ("decode-graph")."""
-    name = re.search(rf"`benchmarks/(bench-attention-{kind}-[^`]+\.json)`", README[README.index(START):]).group(1)
+def _run_json():
+    """The JSON of the section's run."""
+    name = re.search(r"`benchmarks/(bench-attention-final-[^`]+\.json)`", README[README.index(START):]).group(1)
     return json.loads((ROOT / "benchmarks" / name).read_text())
 
 
@@ -59,8 +58,8 @@ def _same(cell: str, value: float, digits: int) -> bool:
     return shown == round(value, digits)
 
 
-def test_the_section_has_its_four_tables():
-    assert [len(t) for t in _tables()] == [12, 12, 3, 3]
+def test_the_section_has_its_three_tables():
+    assert [len(t) for t in _tables()] == [12, 12, 3]
 
 
 def test_attention_cells_are_the_runs():
@@ -92,24 +91,21 @@ def test_pruning_cells_are_the_runs():
         assert _same(row[10], run["ms official per-head graph"] / run["ms auto graph"], 2)
 
 
-@pytest.mark.parametrize("kind, table", [("final", 2), ("decode-graph", 3)])
 @pytest.mark.parametrize("i", [0, 1, 2])
-def test_decoding_cells_are_the_runs(kind, table, i):
-    run = _run_json(kind)["decode"][i]
-    row = _tables()[table][i]
+def test_decoding_cells_are_the_runs(i):
+    run = _run_json()["decode"][i]
+    row = _tables()[2][i]
     assert row[0] == f"{run['B']} × {run['T'] // 1024}k"
     for cell, key in zip(row[1:6], ("ours", "paged16", "paged256", "pruned", "sdpa_no_gate")):
         assert _same(cell, run[f"{key}_TBps"], 2), (row, key)
     assert _same(row[1].split("(")[1], run["ours_ms"] * 1e3, 0)
     assert _same(row[6], run["ours_TBps"] / run["sdpa_no_gate_TBps"], 2)
-    if kind == "decode-graph":  # the GPU-time column
-        assert _same(row[7], run["ours_graph_TBps"] / run["sdpa_no_gate_graph_TBps"], 2)
-    else:
-        assert len(row) == 7
+    assert len(row) == 8  # the GPU-time column
+    assert _same(row[7], run["ours_graph_TBps"] / run["sdpa_no_gate_graph_TBps"], 2)
 
 
 def test_the_tables_are_what_bench_attention_prints_from_the_run(benchmark_script):
-    """``bench_attention.py --markdown-from JSON`` prints exactly the README's tables from their two runs, bold
-    marks and dashes included."""
+    """``bench_attention.py --markdown-from JSON`` prints exactly the README's tables from their run, bold marks
+    and dashes included."""
     bench = benchmark_script("bench_attention")
-    assert bench.markdown_tables(_run_json()) + bench.markdown_tables(_run_json("decode-graph")) == _table_texts()
+    assert bench.markdown_tables(_run_json()) == _table_texts()
