@@ -1,7 +1,7 @@
 """benchmarks/decode_trees_ab.py, pruning_trees_ab.py and attention_trees_ab.py: the decoding reference is the
 decoding call's result, bad arguments stop each script in one line, --cpu runs the worker processes on that
 CPU alone, and attention_trees_ab's table is made of the right rounds' medians. Also launch_groups_ab's
-settings: set for the call timed, restored after it."""
+settings: set for the call timed, restored after it; eager_pruned_forward.py stops in one line without a GPU."""
 
 from __future__ import annotations
 
@@ -95,3 +95,12 @@ def test_launch_groups_bad_arguments_stop_in_one_line(monkeypatch, argv, message
     with pytest.raises(SystemExit) as stop:
         benchmark_script("launch_groups_ab").main()
     assert str(stop.value) == message
+
+
+def test_eager_pruned_forward_without_a_gpu_stops_in_one_line(monkeypatch, benchmark_script):
+    if torch.cuda.is_available():
+        pytest.skip("the GPU check needs a machine without one")
+    monkeypatch.setattr(sys, "argv", ["eager_pruned_forward.py"])
+    with pytest.raises(SystemExit) as stop:
+        benchmark_script("eager_pruned_forward").main()
+    assert str(stop.value) == "eager_pruned_forward.py needs a CUDA GPU"
