@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fox_kernel.ops.triton.launch import next_power_of_2
+from fox_kernel import next_power_of_2
 
 IGNORE_INDEX = -100
 """The label whose token scores no loss (transformers' convention)."""

@@ -6,8 +6,7 @@ import contextlib
 
 import torch
 
-from fox_kernel import runs_triton
-from fox_kernel.ops.triton.launch import next_power_of_2
+from fox_kernel import next_power_of_2, runs_triton
 
 
 def use_triton(x: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_kernel.ops.triton.launch import cdiv
+from fox_kernel import cdiv
 from fox_layers.kernels import needs_autograd, row_tiles, row_view, use_triton
 
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fox_kernel.ops.triton.launch import cdiv, next_power_of_2
+from fox_kernel import cdiv, next_power_of_2
 
 # Time steps between two states the forward saves for the backward (a multiple of every BLOCK_T).
 CHUNK = 256
