@@ -19,7 +19,6 @@ import time
 
 import bench_attention as ba
 import torch
-import triton
 
 
 def check(fn, args, calls: int = 30) -> dict:
@@ -47,11 +46,9 @@ def check(fn, args, calls: int = 30) -> dict:
         e1.record()
         torch.cuda.synchronize()
         queued = e0.elapsed_time(e1) / calls
-        bench = [triton.testing.do_bench(lambda: fn(*args), warmup=50, rep=200, return_mode="median")
-                 for _ in range(3)]
+        bench = [ba._time(fn, args, "fwd") for _ in range(3)]  # bench_attention's eager forward timer
         gc.disable()
-        bench_nogc = [triton.testing.do_bench(lambda: fn(*args), warmup=50, rep=200, return_mode="median")
-                      for _ in range(3)]
+        bench_nogc = [ba._time(fn, args, "fwd") for _ in range(3)]
         gc.enable()
     return dict(sync=sync, host_us_queued=host, ms_back_to_back=queued, do_bench_ms=bench, do_bench_nogc_ms=bench_nogc)
 
