@@ -61,8 +61,9 @@ def test_backward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk,
 @pytest.mark.parametrize("norms", ["q and k", "k", "none"])
 @pytest.mark.parametrize("zeros", [True, False], ids=["zero gates", "no zero gates"])
 def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, H, Hkv, D, norms, zeros):
-    """forward_sums (prefix sums with the q/k norms) and forward_tables (the "auto" bound, kept ranges and
-    local sums) equal the launches they replace bit for bit, and the prefix sums and norms plain PyTorch."""
+    """forward_sums (prefix sums with the q/k norms' partial maxima) and forward_tables (the "auto" bound,
+    kept ranges, local sums and the largest key norms) equal the launches they replace bit for bit, and the prefix sums, local
+    sums and norms plain PyTorch."""
     device, dtype = device_dtype
     if device.type == "cpu" and not INTERPRET:
         pytest.skip("Triton kernels: CUDA or the interpreter")
@@ -93,22 +94,23 @@ def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, 
     torch.testing.assert_close(c, torch.cumsum(summed, dim=1).transpose(1, 2), rtol=1e-12, atol=1e-12)
     if norms == "q and k":
         wq, wk = norm_kernels.max_sq_row_norms(q, k)
-        assert torch.equal(nx, wq) and torch.equal(ny, wk)
-        torch.testing.assert_close(nx.double(), (q.double() ** 2).sum(-1).amax(1), rtol=1e-5, atol=1e-4)
+        assert torch.equal(nx.amax(-1), wq) and torch.equal(ny.amax(-1), wk)
+        torch.testing.assert_close(nx.amax(-1).double(), (q.double() ** 2).sum(-1).amax(1), rtol=1e-5, atol=1e-4)
     elif norms == "k":
-        assert torch.equal(nx, norm_kernels.max_sq_row_norms(k)) and ny is None
+        assert torch.equal(nx.amax(-1), norm_kernels.max_sq_row_norms(k)) and ny is None
     else:
         assert nx is None and ny is None
 
     blocks = dict(BLOCK_M=32, BLOCK_N=16)
     scale = D**-0.5
     if norms == "q and k":  # the "auto" bound from the norms, written out for the backward
-        threshold, table, cl = prologue.forward_tables(c, None, nx, ny, scale, bound(0.0, Tk, -10.0), Tq, blocks)
+        threshold, table, cl, kmax2 = prologue.forward_tables(c, None, nx, ny, scale, bound(0.0, Tk, -10.0), Tq,
+                                                              blocks)
         want_threshold = auto_threshold(q, k, scale, Tk, -10.0)
         assert torch.equal(threshold, want_threshold)
     else:  # a given bound (one that prunes here), or none
         given = torch.full((B, H), -2.5, device=device) if norms == "k" else None
-        threshold, table, cl = prologue.forward_tables(c, given, None, nx, scale, None, Tq, blocks)
+        threshold, table, cl, kmax2 = prologue.forward_tables(c, given, None, nx, scale, None, Tq, blocks)
         want_threshold = given
         assert threshold is given
     want_table = ranges.kept_ranges(c, None, None, want_threshold, B, H, Tq, Tk, Tq, blocks, True)
@@ -116,3 +118,32 @@ def test_forward_prologue_equals_the_separate_launches(device_dtype, B, Tq, Tk, 
     if table is not None:
         assert torch.equal(table, want_table)
     assert torch.equal(cl, sums.local_sums(c, None, B, Tk, 16))
+    if norms == "none":
+        assert kmax2 is None
+    else:  # the largest squared key norms, reduced once per (row, key/value head)
+        assert torch.equal(kmax2, norm_kernels.max_sq_row_norms(k))
+    tile_start = torch.arange(Tk, device=device) // 16 * 16
+    torch.testing.assert_close(cl.double(), (c - c[..., tile_start]) / math.log(2), rtol=1e-6, atol=1e-5)
+
+
+def test_norm_parts_past_their_count(device_dtype, monkeypatch):
+    """Longer inputs than NORM_PARTS blocks of rows: each part takes every NORM_PARTS-th block, and the
+    maxima stay max_sq_row_norms's (here with 3 parts over 11 blocks, and q and k of other lengths)."""
+    device, dtype = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("Triton kernels: CUDA or the interpreter")
+    from fox_kernel.ops.triton import norms as norm_kernels
+    from fox_kernel.ops.triton import prologue
+
+    monkeypatch.setattr(norm_kernels, "NORM_PARTS", 3)
+    g = torch.Generator().manual_seed(11)
+    B, Tq, Tk, H, Hkv, D = 2, 150, 11 * norm_kernels.NORM_ROWS - 5, 2, 1, 16
+    q = torch.randn(B, Tq, H, D, generator=g).to(device, dtype)
+    k = torch.randn(B, Tk, Hkv, D, generator=g).to(device, dtype)
+    k[1, 9 * norm_kernels.NORM_ROWS + 3, 0] *= 4  # the largest key norm in the tenth block of rows (part 0)
+    lf = F.logsigmoid(torch.randn(B, Tk, H, generator=g)).to(device)
+    *_, nx, ny = prologue.forward_sums(lf, False, q, k)
+    assert nx.shape == (B, H, 3) and ny.shape == (B, Hkv, 3)
+    wq, wk = norm_kernels.max_sq_row_norms(q, k)
+    assert torch.equal(nx.amax(-1), wq) and torch.equal(ny.amax(-1), wk)
+    assert torch.equal(ny[1, 0, 0], wk[1, 0])

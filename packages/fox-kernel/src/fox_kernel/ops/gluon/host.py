@@ -50,13 +50,13 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     norms_of = (q, k) if auto else (k,) if fixed else ()
     counter = torch.empty(1, dtype=torch.int32, device=q.device)  # the tile counter, zeroed by forward_sums
     c, z, seen, x_norms, y_norms = forward_sums(log_fgate, call.zero_gates, *norms_of, counter=counter)
-    qn2, kn2 = (x_norms, y_norms) if auto else (None, x_norms)
+    qn2, kn2 = (x_norms, y_norms) if auto else (None, x_norms)  # partial maxima (norms.max_sq_norm_part)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
-    threshold, ranges, cl = forward_tables(c, call.threshold, qn2, kn2, sm_scale,
-                                           bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq, blocks)
-    kmax2 = kn2 if fixed else None
+    threshold, ranges, cl, kmax2 = forward_tables(c, call.threshold, qn2, kn2, sm_scale,
+                                                  bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq, blocks)
+    kmax2 = kmax2 if fixed else None  # the largest squared key norms, reduced from kn2's partial maxima
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
     # at D=64 heads in groups that fill two waves (tiles.wave_group). At D=128, few rows x heads (one layer
     # of a 125M model: 12): every head's heaviest query blocks first, so that the last wave is not one

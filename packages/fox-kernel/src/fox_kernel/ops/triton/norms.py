@@ -54,6 +54,59 @@ def _max_sq_norm_kernel(X, Y, OUT_X, OUT_Y, x_strides, y_strides, HX, HY, TX, TY
 
 NORM_ROWS = 64
 """Rows of ``max_sq_row_norms`` per program."""
+NORM_PARTS = 256
+"""Most partial maxima per (row, head) of ``max_sq_norm_part``: past NORM_PARTS * NORM_ROWS rows a program
+takes every NORM_PARTS-th block of NORM_ROWS rows."""
+
+
+@triton.jit
+def max_sq_norm_part(X, Y, PARTS_X, PARTS_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, pid_p, n_parts, HX, HY, TX, TY,
+                     D, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``max_sq_norm_block`` without atomics: PARTS_X[b, h, pid_p] (float32 (B, HX, n_parts)) = the largest
+    squared norm of the rows of X[b, :, h] in blocks pid_p, pid_p + n_parts, ... of BLOCK_T (0 where there
+    is none), PARTS_Y the same of Y; (row, head) ``pid_bh`` as there. A plain store per program, so the
+    outputs need no zeroing, and the maximum over the last axis is ``max_sq_norm_block``'s, bit for bit
+    (the same sums, and a maximum does not depend on the order)."""
+    b = pid_bh // (HX + HY)
+    h = pid_bh % (HX + HY)
+    if h < HX:
+        base = X + b.to(tl.int64) * sxb + h * sxh
+        stride_t = sxt
+        t_len = TX
+        dst = PARTS_X + (b * HX + h).to(tl.int64) * n_parts + pid_p
+    else:
+        base = Y + b.to(tl.int64) * syb + (h - HX) * syh
+        stride_t = syt
+        t_len = TY
+        dst = PARTS_Y + (b * HY + h - HX).to(tl.int64) * n_parts + pid_p
+    offs_d = tl.arange(0, BLOCK_D)
+    best = tl.zeros([BLOCK_T], dtype=tl.float32)
+    for start in range(pid_p * BLOCK_T, t_len, n_parts * BLOCK_T):
+        offs_t = start + tl.arange(0, BLOCK_T)
+        mask = (offs_t < t_len)[:, None] & (offs_d < D)[None, :]
+        rows = base + offs_t.to(tl.int64)[:, None] * stride_t
+        x = tl.load(rows + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+        best = tl.maximum(best, tl.sum(x * x, 1))
+    tl.store(dst, tl.max(best, 0))
+
+
+@triton.jit
+def largest_part(PARTS, row, n_parts, N: tl.constexpr):
+    """The largest of PARTS[row, :n_parts] (``max_sq_norm_part``'s, n_parts <= N)."""
+    offs = tl.arange(0, N)
+    return tl.max(tl.load(PARTS + row * n_parts + offs, mask=offs < n_parts, other=0.0), 0)
+
+
+def norm_parts(x, y=None):
+    """(x's parts, y's parts or None, n_parts) of ``max_sq_norm_part``: x's (B, Hx, n_parts), y's (B, Hy,
+    n_parts), views of one uninitialised buffer, n_parts = min(row blocks of the longer, NORM_PARTS)."""
+    B, TX, HX, _ = x.shape
+    TY, HY = (y.shape[1], y.shape[2]) if y is not None else (0, 0)
+    n_parts = max(1, min(launch.cdiv(max(TX, TY), NORM_ROWS), NORM_PARTS))
+    out = torch.empty(B * (HX + HY) * n_parts, dtype=torch.float32, device=x.device)
+    parts_x = out[:B * HX * n_parts].view(B, HX, n_parts)
+    parts_y = out[B * HX * n_parts:].view(B, HY, n_parts) if y is not None else None
+    return parts_x, parts_y, n_parts
 
 
 def norm_outputs(x, y=None, per_row: bool = False):

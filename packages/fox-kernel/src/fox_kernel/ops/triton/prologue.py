@@ -2,14 +2,16 @@
 "auto" bound, local sums and kept ranges from a second; the backward's row dots ``delta``, the tile-local
 sums of the dK/dV and the dQ pass and both passes' kept ranges from one.
 
-Separately these are up to nine launches (``sums.prefix_sums``, ``norms.max_sq_row_norms``,
-``pruning.auto_threshold``, ``ranges.kept_ranges``, ``sums.local_sums``; ``sums.delta``,
+Separately these are up to ten launches (``sums.prefix_sums``, ``norms.max_sq_row_norms`` with the fill of
+its outputs, ``pruning.auto_threshold``, ``ranges.kept_ranges``, ``sums.local_sums``; ``sums.delta``,
 ``sums.local_sums`` twice, ``ranges.kept_ranges_pair``), each a few microseconds of GPU time and ~20-30 us
 of host time, which a small model's training step at long context waits on. Here one grid holds several
 parts: the grid's block axis lists each part's blocks after the previous part's (the other axis is the
-(row, head)), and every program runs the same code as its part's own kernel (``sums.prefix_sums_row``, ``norms.max_sq_norm_block``, ``sums.local_sums_segment``,
-``ranges.kept_range_block``, ``sums.delta_rows``), so the outputs are the same bit for bit. Fixed-length
-batches without ``seq_start`` or a window (the calls the Gluon kernels run).
+(row, head)), and every program runs the same code as its part's own kernel (``sums.prefix_sums_row``,
+``sums.local_sums_segment``, ``ranges.kept_range_block``, ``sums.delta_rows``), so the outputs are the same
+bit for bit. The forward's norms are partial maxima (``norms.max_sq_norm_part``) that their readers reduce,
+so they need no zeroed buffer (no fill launch); their maxima are ``norms.max_sq_row_norms``'s bit for bit.
+Fixed-length batches without ``seq_start`` or a window (the calls the Gluon kernels run).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import triton.language as tl
 
 from fox_kernel.ops import zero_flags
 from fox_kernel.ops.triton import launch
-from fox_kernel.ops.triton.norms import NORM_ROWS, max_sq_norm_block, norm_outputs
+from fox_kernel.ops.triton.norms import NORM_PARTS, NORM_ROWS, largest_part, max_sq_norm_part, norm_parts
 from fox_kernel.ops.triton.ranges import block_and_row, kept_range_block, range_tables, table_columns
 from fox_kernel.ops.triton.sums import (
     DELTA_ROWS,
@@ -107,11 +109,11 @@ def backward_prologue(out, do, c, threshold, Tk: int, clq_seg: int, clq_origin: 
 
 
 @triton.jit
-def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, OUT_X, OUT_Y, COUNTER, lf_strides, x_strides, y_strides, H, T, HX, HY, TX, TY,
-                         D, N_SUMS, ZEROS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORMS: tl.constexpr,
-                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Programs [0, N_SUMS): the prefix sums of one (row, head) each; with HAS_NORMS the rest: the largest
-    squared row norms of X and Y, one (row, head) x BLOCK_T rows each (heads fastest). Program 0 also
+def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, PARTS_X, PARTS_Y, COUNTER, lf_strides, x_strides, y_strides, H, T,
+                         HX, HY, TX, TY, D, N_SUMS, n_parts, ZEROS: tl.constexpr, BLOCK: tl.constexpr,
+                         HAS_NORMS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Programs [0, N_SUMS): the prefix sums of one (row, head) each; with HAS_NORMS the rest: the partial
+    maxima of the squared row norms of X and Y, one (row, head) x part each (heads fastest). Program 0 also
     sets COUNTER (if given) to 0."""
     stride_lb, stride_lt, stride_lh = lf_strides
     pid = tl.program_id(0)
@@ -126,37 +128,37 @@ def _forward_sums_kernel(LF, C, Z, FLAG, X, Y, OUT_X, OUT_Y, COUNTER, lf_strides
             syb, syt, syh = y_strides
             r = pid - N_SUMS
             n_bh = (N_SUMS // H) * (HX + HY)
-            max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, r % n_bh, r // n_bh, HX, HY, TX, TY, D,
-                              BLOCK_T, BLOCK_D, False)
+            max_sq_norm_part(X, Y, PARTS_X, PARTS_Y, sxb, sxt, sxh, syb, syt, syh, r % n_bh, r // n_bh, n_parts, HX,
+                             HY, TX, TY, D, BLOCK_T, BLOCK_D)
 
 
 def forward_sums(log_fgate, zeros: bool, x=None, y=None, counter=None):
-    """(c, z, ticket, x's norms, y's norms), as ``sums.prefix_sums(log_fgate, None, zeros)`` (z and the
-    ticket None without ``zeros``) and ``norms.max_sq_row_norms(x, y)`` give them (x's alone without y, y's
-    None; both None without x), from one launch. x (B, Tx, Hx, D), y (B, Ty, Hy, D) with log_fgate's batch.
-    ``counter``: a one-element int32 tensor the same launch sets to 0 (the Gluon forward's tile counter,
-    without a fill launch of its own)."""
+    """(c, z, ticket, x's norms, y's norms) from one launch: c, z and the ticket as
+    ``sums.prefix_sums(log_fgate, None, zeros)`` gives them (z and the ticket None without ``zeros``); given
+    x (B, Tx, Hx, D) and y (B, Ty, Hy, D) with log_fgate's batch, the partial maxima of their squared row
+    norms (``norms.norm_parts``: (B, H, n_parts), whose maximum over the last axis is
+    ``norms.max_sq_row_norms``'s; x's alone without y, y's None; both None without x), which need no fill
+    launch. ``counter``: a one-element int32 tensor the same launch sets to 0 (the Gluon forward's tile
+    counter, without a fill launch of its own)."""
     B, T, H = log_fgate.shape
     c = torch.empty(B, H, T, dtype=torch.float64, device=log_fgate.device)
     z = torch.empty(B, H, T, dtype=torch.int32, device=log_fgate.device) if zeros else None
     seen = zero_flags.ticket(log_fgate.device) if zeros else None
-    nx, ny = norm_outputs(x, y) if x is not None else (None, None)
-    y_ = y if y is not None else x
-    # (row, head) pairs of x and y times the row blocks of the longer, as max_sq_row_norms's grid
-    n_norms = B * (_dim(x, 2) + _dim(y, 2)) * launch.cdiv(max(_dim(x, 1), _dim(y, 1)), NORM_ROWS)
+    px, py, n_parts = norm_parts(x, y) if x is not None else (None, None, 0)
+    y_ = y if y is not None else x  # stands in for a missing y (no program reads it)
+    n_norms = B * (_dim(x, 2) + _dim(y, 2)) * n_parts  # (row, head) pairs of x and y times the parts
     if B * H and T:
         launch.run(_forward_sums_kernel, (B * H + n_norms,),
-            log_fgate, c, z, seen and seen.flag, x, y_, nx, ny, counter, launch.strides(log_fgate), _strides(x),
-            _strides(y_), H, T,
-            _dim(x, 2), _dim(y, 2), _dim(x, 1), _dim(y, 1), _dim(x, 3), B * H,
-            ZEROS=zeros, BLOCK=scan_block(T), HAS_NORMS=x is not None, BLOCK_T=NORM_ROWS,
-            BLOCK_D=launch.block_d(_dim(x, 3)), num_warps=4,
+            log_fgate, c, z, seen and seen.flag, x, y_, px, py if py is not None else px, counter,
+            launch.strides(log_fgate), _strides(x), _strides(y_), H, T, _dim(x, 2), _dim(y, 2), _dim(x, 1),
+            _dim(y, 1), _dim(x, 3), B * H, n_parts, ZEROS=zeros, BLOCK=scan_block(T), HAS_NORMS=x is not None,
+            BLOCK_T=NORM_ROWS, BLOCK_D=launch.block_d(_dim(x, 3)), num_warps=4,
         )
     elif counter is not None:
         counter.zero_()
     if seen is not None:
         seen.launched()
-    return c, z, seen, nx, ny if y is not None else None
+    return c, z, seen, px, py
 
 
 def _strides(x):
@@ -168,25 +170,31 @@ def _dim(x, i: int) -> int:
 
 
 @triton.jit
-def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, RANGES, c_strides, H, GROUP, Tq, Tk, sm_scale, offset, N_CL,
-                           N_QUERIES, CL_SEG: tl.constexpr, HAS_RANGES: tl.constexpr, AUTO: tl.constexpr,
-                           QUERY_M: tl.constexpr, QUERY_N: tl.constexpr, SCAN: tl.constexpr,
-                           BLOCKS_FIRST: tl.constexpr):
-    """Blocks [0, N_CL): segments of CL (CL_SEG long); with HAS_RANGES the N_QUERIES blocks of the kept
+def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, KMAX2, RANGES, c_strides, H, GROUP, Tq, Tk, sm_scale, offset,
+                           n_parts, N_CL, N_QUERIES, CL_SEG: tl.constexpr, HAS_RANGES: tl.constexpr,
+                           AUTO: tl.constexpr, PARTS: tl.constexpr, QUERY_M: tl.constexpr, QUERY_N: tl.constexpr,
+                           SCAN: tl.constexpr, BLOCKS_FIRST: tl.constexpr):
+    """Blocks [0, N_CL): segments of CL (CL_SEG long), and where KMAX2 is given the first block of the
+    first head of each key/value head's group writes its largest squared key norm there (the largest of
+    KN2's partial maxima, ``norms.max_sq_norm_part``'s); with HAS_RANGES the N_QUERIES blocks of the kept
     ranges of the query blocks, their threshold read from THRESH or, with AUTO, the "auto" bound
-    (``pruning.head_bound`` of QN2 and KN2, as ``pruning.auto_threshold``) written there by each (row, head)'s
-    first range block."""
+    (``pruning.head_bound`` of the largest of QN2's and KN2's partial maxima, as ``pruning.auto_threshold``)
+    written there by each (row, head)'s first range block."""
     stride_cb, stride_ch = c_strides
     pid, pid_bh = block_and_row(BLOCKS_FIRST)
     if pid < N_CL:
         local_sums_segment(C, None, CL, stride_cb, stride_ch, pid, pid_bh, H, Tk, 0, False, CL_SEG)
+        if KMAX2 is not None:  # noqa: SIM102 (a compile-time test around a run-time one)
+            if pid == 0 and pid_bh % GROUP == 0:
+                kv = pid_bh // GROUP  # (row, key/value head): b * (H // GROUP) + h // GROUP
+                tl.store(KMAX2 + kv, largest_part(KN2, kv, n_parts, PARTS))
     else:
         if HAS_RANGES:
             if AUTO:
                 b = pid_bh // H
                 h = pid_bh % H
-                delta = head_bound(tl.load(QN2 + pid_bh), tl.load(KN2 + b * (H // GROUP) + h // GROUP), sm_scale,
-                                   offset)
+                delta = head_bound(largest_part(QN2, pid_bh, n_parts, PARTS),
+                                   largest_part(KN2, b * (H // GROUP) + h // GROUP, n_parts, PARTS), sm_scale, offset)
                 if pid == N_CL:
                     tl.store(THRESH + pid_bh, delta)
             else:
@@ -196,29 +204,34 @@ def _forward_tables_kernel(C, CL, THRESH, QN2, KN2, RANGES, c_strides, H, GROUP,
 
 
 def forward_tables(c, threshold, qn2, kn2, sm_scale: float, auto_offset: float | None, Tq: int, blocks: dict):
-    """(threshold, the first kept key of each query block, cl), as the Gluon forward's
+    """(threshold, the first kept key of each query block, cl, kmax2), as the Gluon forward's
 
         pruning.auto_threshold's bound from the squared norms (given ``auto_offset``, ln eps - ln Tk),
         ranges.kept_ranges(c, None, None, threshold, B, H, Tq, Tk, Tq, blocks, True),
-        sums.local_sums(c, None, B, Tk, blocks["BLOCK_N"])
+        sums.local_sums(c, None, B, Tk, blocks["BLOCK_N"]),
+        norms.max_sq_row_norms(k) (given ``kn2``, else None)
 
-    give them, from one launch. ``qn2`` (B, H), ``kn2`` (B, Hkv): the largest squared q and k norms (with
-    ``auto_offset``); ``threshold`` (B, H) otherwise, or None (no ranges); ``blocks`` the forward's tiles.
-    ``c`` (B, H, Tk) float64."""
+    give them, from one launch. ``qn2`` (B, H, n_parts), ``kn2`` (B, Hkv, n_parts): ``forward_sums``'s
+    partial maxima of the squared q and k norms (``qn2`` with ``auto_offset`` only); ``threshold`` (B, H)
+    otherwise, or None (no ranges); ``blocks`` the forward's tiles. ``c`` (B, H, Tk) float64. The largest
+    key norms come out reduced here, once per (row, key/value head), rather than in the attention
+    kernel's every tile."""
     B, H, Tk = c.shape
     auto = auto_offset is not None
     if auto:
         threshold = torch.empty(B, H, dtype=torch.float32, device=c.device)
     cl = torch.empty_like(c, dtype=torch.float32)  # same strides as c: the kernels index both alike
+    kmax2 = None if kn2 is None else torch.empty(kn2.shape[:2], dtype=torch.float32, device=c.device)
     ranges = None if threshold is None else range_tables(c.device, B * H, Tq, None, blocks)[1]
     n_cl = local_sums_grid(Tk, blocks["BLOCK_N"])
     n_queries = table_columns(ranges)
     grid, blocks_first = _grid(n_cl + n_queries, B * H)
     if B * H:
         launch.run(_forward_tables_kernel, grid,
-            c, cl, threshold, qn2, kn2, ranges, launch.strides(c, 2), H, H // kn2.shape[1] if auto else 1, Tq, Tk,
-            float(sm_scale), float(auto_offset or 0.0), n_cl, n_queries, CL_SEG=blocks["BLOCK_N"],
-            HAS_RANGES=ranges is not None, AUTO=auto, QUERY_M=blocks["BLOCK_M"], QUERY_N=blocks["BLOCK_N"],
-            SCAN=launch.scan(), BLOCKS_FIRST=blocks_first, num_warps=4,
+            c, cl, threshold, qn2, kn2, kmax2, ranges, launch.strides(c, 2), H, 1 if kn2 is None else H // kn2.shape[1],
+            Tq, Tk, float(sm_scale), float(auto_offset or 0.0), 1 if kn2 is None else kn2.shape[2], n_cl, n_queries,
+            CL_SEG=blocks["BLOCK_N"], HAS_RANGES=ranges is not None, AUTO=auto, PARTS=NORM_PARTS,
+            QUERY_M=blocks["BLOCK_M"], QUERY_N=blocks["BLOCK_N"], SCAN=launch.scan(), BLOCKS_FIRST=blocks_first,
+            num_warps=4,
         )
-    return threshold, ranges, cl
+    return threshold, ranges, cl, kmax2
