@@ -82,7 +82,7 @@ def _forward(cur, s, kind, state, B, T, C):
     meta = _launch(C, HS)
     if B * T:
         _shift_fwd[(cdiv(B * T, meta["BLOCK_R"]), HS)](cur, s, kind, state, out, B * T, T, C, HS, C // HS,
-                                                               cur.stride(0), s.stride(0), **meta)
+                                                       cur.stride(0), s.stride(0), **meta)
     return out
 
 
