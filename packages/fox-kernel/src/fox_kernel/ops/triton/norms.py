@@ -11,32 +11,44 @@ from fox_kernel.ops.triton import launch
 
 
 @triton.jit
-def max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, pid_t, HX, HY, TX, TY, D,
-                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr):
-    """Rows [pid_t * BLOCK_T, +BLOCK_T) of (row, head) ``pid_bh`` (heads of X, then of Y): OUT_X[b, h] = max
-    over t of |X[b, t, h, :]|^2, OUT_Y[b, h] the same of Y (float32; atomic max of non-negative values, so
-    the result does not depend on the order; the rows of X and of Y are summed by the same code, so a
-    tensor's maxima do not depend on which argument it is). PER_ROW (X only, B = 1): OUT_X[t, h] =
-    |X[0, t, h, :]|^2, the same sums one by one."""
+def _rows_of(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, HX, HY, TX, TY):
+    """(first row's address, row stride, length, output, output's row) of (row, head) ``pid_bh``: heads
+    [0, HX) are X's, the next HY are Y's; the output is OUT_X or OUT_Y, its row ``b * HX + h`` or
+    ``b * HY + h - HX``."""
     b = pid_bh // (HX + HY)
     h = pid_bh % (HX + HY)
     if h < HX:
         base = X + b.to(tl.int64) * sxb + h * sxh
         stride_t = sxt
         t_len = TX
-        dst = OUT_X + b * HX + h
+        out = OUT_X
+        row = b * HX + h
     else:
         base = Y + b.to(tl.int64) * syb + (h - HX) * syh
         stride_t = syt
         t_len = TY
-        dst = OUT_Y + b * HY + (h - HX)
+        out = OUT_Y
+        row = b * HY + (h - HX)
+    return base, stride_t, t_len, out, row
+
+
+@triton.jit
+def max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, pid_t, HX, HY, TX, TY, D,
+                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr):
+    """Rows [pid_t * BLOCK_T, +BLOCK_T) of (row, head) ``pid_bh`` (heads of X, then of Y): OUT_X[b, h] = max
+    over t of |X[b, t, h, :]|^2, OUT_Y[b, h] the same of Y (float32; atomic max of non-negative values, so
+    the result does not depend on the order; the rows of X and of Y are summed by the same code, so a
+    tensor's maxima do not depend on which argument it is). PER_ROW (X only, B = 1): OUT_X[t, h] =
+    |X[0, t, h, :]|^2 (with B = 1 the output row is h), the same sums one by one."""
+    base, stride_t, t_len, out, row = _rows_of(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, HX, HY, TX, TY)
+    dst = out + row
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     if pid_t * BLOCK_T < t_len:
         offs_d = tl.arange(0, BLOCK_D)
         mask = (offs_t < t_len)[:, None] & (offs_d < D)[None, :]
         x = tl.load(base + offs_t.to(tl.int64)[:, None] * stride_t + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
         if PER_ROW:
-            tl.store(OUT_X + offs_t.to(tl.int64) * HX + h, tl.sum(x * x, 1), mask=offs_t < t_len)
+            tl.store(OUT_X + offs_t.to(tl.int64) * HX + row, tl.sum(x * x, 1), mask=offs_t < t_len)
         else:
             tl.atomic_max(dst, tl.max(tl.sum(x * x, 1), 0))
 
@@ -67,18 +79,9 @@ def max_sq_norm_part(X, Y, PARTS_X, PARTS_Y, sxb, sxt, sxh, syb, syt, syh, pid_b
     is none), PARTS_Y the same of Y; (row, head) ``pid_bh`` as there. A plain store per program, so the
     outputs need no zeroing, and the maximum over the last axis is ``max_sq_norm_block``'s, bit for bit
     (the same sums, and a maximum does not depend on the order)."""
-    b = pid_bh // (HX + HY)
-    h = pid_bh % (HX + HY)
-    if h < HX:
-        base = X + b.to(tl.int64) * sxb + h * sxh
-        stride_t = sxt
-        t_len = TX
-        dst = PARTS_X + (b * HX + h).to(tl.int64) * n_parts + pid_p
-    else:
-        base = Y + b.to(tl.int64) * syb + (h - HX) * syh
-        stride_t = syt
-        t_len = TY
-        dst = PARTS_Y + (b * HY + h - HX).to(tl.int64) * n_parts + pid_p
+    base, stride_t, t_len, parts, row = _rows_of(X, Y, PARTS_X, PARTS_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, HX, HY,
+                                                 TX, TY)
+    dst = parts + row.to(tl.int64) * n_parts + pid_p
     offs_d = tl.arange(0, BLOCK_D)
     best = tl.zeros([BLOCK_T], dtype=tl.float32)
     for start in range(pid_p * BLOCK_T, t_len, n_parts * BLOCK_T):
