@@ -59,8 +59,9 @@ def code_lines(ptx: str) -> list[str]:
     return lines
 
 
-class _Sm90Driver:
-    """The driver Triton's JIT asks for the device, stream and target: an sm90 GPU never launched on."""
+class Sm90Driver:
+    """The driver Triton's JIT asks for the device, stream and target: an sm90 GPU never launched on (also
+    ``tests/test_gluon_compile.py``'s). Kept here, not in fox_kernel, so that a worker can run any tree."""
 
     def get_current_device(self):
         return 0
@@ -110,7 +111,7 @@ def worker(dump: Path | None = None) -> None:
             if dump is not None:
                 (dump / name).write_text("\n".join(lines) + "\n")
 
-    driver.set_active(_Sm90Driver())
+    driver.set_active(Sm90Driver())
     launch.run = compile_only
     launch.sm_count = lambda device: 132  # an H100's or H200's
     for D in (64, 128):

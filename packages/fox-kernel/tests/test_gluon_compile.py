@@ -24,30 +24,10 @@ pytestmark = pytest.mark.skipif(launch.INTERPRET or not gluon.available(),
 SHARED_PER_BLOCK = 232448  # bytes an H100/H200 block may use (227 KiB)
 
 
-class _Sm90Driver:
-    """The driver Triton's JIT asks for the device, stream and target: an sm90 GPU that is never launched on."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    def is_active(self):
-        return True
-
-
 @pytest.fixture
-def compiled(monkeypatch):
-    """(kernel name, head dim of the call, shared bytes) of every kernel a launch compiled for sm90."""
+def compiled(monkeypatch, benchmark_script):
+    """(kernel name, head dim of the call, shared bytes) of every kernel a launch compiled for sm90 (the
+    driver of ``benchmarks/ptx_trees_ab.py``, which compiles the same way)."""
     from triton.runtime import driver
 
     kernels = []
@@ -58,7 +38,7 @@ def compiled(monkeypatch):
         kernels.append((kernel.fn.__name__, kwargs.get("HEAD_D"), compiled_kernel.metadata.shared))
 
     previous = driver._active
-    driver.set_active(_Sm90Driver())
+    driver.set_active(benchmark_script("ptx_trees_ab").Sm90Driver())
     monkeypatch.setattr(launch, "run", compile_only)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)  # an H100's or H200's
     try:
