@@ -9,7 +9,9 @@ forward (fixed softmax bound, online softmax, "auto" pruning) and backward (two 
 where it exists), the Triton forward and backward (exact, a threshold, a sliding window), and the norms'
 own kernel (maxima and per-row norms), at both head dims. Every compiled kernel's PTX is kept without its
 debug lines (``.loc``, ``.file`` and the ``.debug_*`` sections, which name source lines that move with any
-edit). Prints which kernels differ and writes JSON with each kernel's hash and line count. With
+edit). A kernel is told apart by its constexprs and the arguments given as None; where a change added or
+dropped a constexpr, the same kernel's compilations are paired in compile order. Prints which kernels
+differ and writes JSON with each kernel's hash and line count. With
 ``--dump DIR`` each tree's PTX is also written there, and for each kernel that differs the script counts the
 lines that still differ once registers and labels are renamed alike (a few: the same instructions in
 another order or with one more; many: other code).
@@ -85,7 +87,8 @@ class Sm90Driver:
 
 def worker(dump: Path | None = None) -> None:
     """Compile every kernel of the calls above in this process; one JSON line: {kernel(constexprs): (hash,
-    lines, file name under ``dump``)} and where fox_kernel was imported from. ``dump``: also write each kernel's PTX (without debug
+    lines, file name under ``dump``)} (with the positions of the arguments given as None after the
+    constexprs) and where fox_kernel was imported from. ``dump``: also write each kernel's PTX (without debug
     lines) there, one file per kernel, numbered in compile order."""
     import torch
     import torch.nn.functional as F
@@ -104,7 +107,9 @@ def worker(dump: Path | None = None) -> None:
         compiled = kernel.run(*args, grid=grid, warmup=True, **{**launch.LAUNCH_OPTIONS, **kwargs})
         lines = code_lines(compiled.asm["ptx"])
         constexprs = ", ".join(f"{k}={v}" for k, v in sorted(kwargs.items()) if k[:1].isupper())
-        key = f"{kernel.fn.__name__}({constexprs})"
+        # arguments given as None specialise the kernel as much as a constexpr does
+        nones = ",".join(str(i) for i, arg in enumerate(args) if arg is None)
+        key = f"{kernel.fn.__name__}({constexprs})" + (f" None at {nones}" if nones else "")
         if key not in seen:
             name = f"{len(seen) + 1:03d}-{kernel.fn.__name__}.ptx"
             seen[key] = (hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16], len(lines), name)
@@ -139,6 +144,24 @@ def worker(dump: Path | None = None) -> None:
     print(json.dumps({"fox_kernel": str(Path(fox_kernel.__file__).parent), "kernels": seen}))
 
 
+def pairs(before: dict, after: dict) -> list[tuple[str | None, str | None]]:
+    """(before's key, after's key) of each kernel compiled: the same kernel with the same constexprs; else,
+    where a change added or dropped a constexpr, the same kernel's unmatched compilations paired in compile
+    order (the order of the dicts); a compilation with no partner pairs with None."""
+    matched = [(key, key) for key in before if key in after]
+    left = [key for key in before if key not in after]
+    right = [key for key in after if key not in before]
+    for name in dict.fromkeys(key.split("(")[0] for key in left + right):
+        lone_b = [key for key in left if key.split("(")[0] == name]
+        lone_a = [key for key in right if key.split("(")[0] == name]
+        if len(lone_b) != len(lone_a):
+            print(f"note: {name} compiled {len(lone_b)} times only before and {len(lone_a)} times only after; "
+                  "paired in compile order")
+        for i in range(max(len(lone_b), len(lone_a))):
+            matched.append((lone_b[i] if i < len(lone_b) else None, lone_a[i] if i < len(lone_a) else None))
+    return matched
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, help="the other tree's fox-kernel src folder")
@@ -160,17 +183,21 @@ def main() -> None:
         runs[name] = run_tree(src, HERE, *dump)
     before, after = runs["before"]["kernels"], runs["after"]["kernels"]
     rows = []
-    for key in sorted(set(before) | set(after)):
-        b, a = before.get(key), after.get(key)
+    for key_b, key_a in sorted(pairs(before, after), key=lambda p: p[1] or p[0]):
+        b, a = before.get(key_b), after.get(key_a)
         state = "only before" if a is None else "only after" if b is None else "same" if a[0] == b[0] else "differs"
-        row = {"kernel": key, "state": state, "before": b, "after": a}
+        row = {"kernel": key_a or key_b, "state": state, "before": b, "after": a}
+        if key_a and key_b and key_a != key_b:
+            row["kernel before"] = key_b
         if state == "differs" and args.dump is not None:
-            texts = [(args.dump / name / runs[name]["kernels"][key][2]).read_text() for name in ("before", "after")]
+            texts = [(args.dump / name / entry[2]).read_text() for name, entry in (("before", b), ("after", a))]
             row["changed_lines_renamed"] = renamed_changes(*texts)
         rows.append(row)
         extra = f" ({row['changed_lines_renamed']} of {a[1]} lines with registers renamed)" \
             if "changed_lines_renamed" in row else ""
-        print(f"{state:12s} {key[:150]}{extra}")
+        if "kernel before" in row:
+            extra += f"; before: {key_b[:150]}"
+        print(f"{state:12s} {row['kernel'][:150]}{extra}")
     counts = {s: sum(r["state"] == s for r in rows) for s in ("same", "differs", "only before", "only after")}
     print(", ".join(f"{n} {s}" for s, n in counts.items()))
     import triton
