@@ -58,6 +58,17 @@ def test_renamed_changes_count_instructions_not_names(benchmark_script):
     assert ab.renamed_changes(PTX, other_op) == 1
 
 
+def test_pairs_match_keys_then_a_kernels_lone_compilations_in_order(benchmark_script):
+    ab = benchmark_script("ptx_trees_ab")
+    before = {"a(X=1)": 0, "t(S=1)": 0, "t(S=2)": 0, "z(Q=1)": 0}
+    after = {"a(X=1)": 0, "t(P=9, S=1)": 0, "t(P=9, S=2)": 0, "t(P=9, S=3)": 0, "n(R=1)": 0}
+    assert ab.pairs(before, after) == [
+        ("a(X=1)", "a(X=1)"),  # same key
+        ("t(S=1)", "t(P=9, S=1)"), ("t(S=2)", "t(P=9, S=2)"), (None, "t(P=9, S=3)"),  # a constexpr added
+        ("z(Q=1)", None), (None, "n(R=1)"),  # a kernel dropped, another added
+    ]
+
+
 def test_a_missing_before_tree_is_one_clear_error(monkeypatch, tmp_path, benchmark_script):
     ab = benchmark_script("ptx_trees_ab")
     monkeypatch.setattr(sys, "argv", ["ptx_trees_ab.py", "--before", str(tmp_path)])
