@@ -35,14 +35,19 @@ from decode_trees_ab import run_tree
 
 HERE = Path(__file__).resolve()
 _DEBUG_LINE = re.compile(r"^\s*(\.(loc|file)\b|\$L__tmp\d+:)")  # the labels only the debug sections name
-_NAMES = (re.compile(r"%([a-z]+)\d+"), re.compile(r"\$L__BB\d+_\d+"), re.compile(r"<\d+>"))
+_DEBUG_SECTION = re.compile(r"^\s*\.section\s+\.debug")
+# registers, branch labels and the register counts of the .reg lines, each renamed alike
+_RENAMES = ((re.compile(r"%([a-z]+)\d+"), r"%\1"), (re.compile(r"\$L__BB\d+_\d+"), "$L"), (re.compile(r"<\d+>"), "<>"))
 
 
 def renamed_changes(before: str, after: str) -> int:
     """Lines of ``after`` that differ from ``before`` (either side of each changed stretch, the longer),
     with every register and label renamed alike (and the register counts of the ``.reg`` lines dropped)."""
     def plain(text):
-        return [_NAMES[2].sub("<>", _NAMES[1].sub("$L", _NAMES[0].sub(r"%\1", line))) for line in text.splitlines()]
+        lines = text.splitlines()
+        for pattern, name in _RENAMES:
+            lines = [pattern.sub(name, line) for line in lines]
+        return lines
 
     matcher = difflib.SequenceMatcher(None, plain(before), plain(after), autojunk=False)
     return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal")
@@ -54,7 +59,7 @@ def code_lines(ptx: str) -> list[str]:
     Triton writes them last)."""
     lines = []
     for line in ptx.splitlines():
-        if re.match(r"^\s*\.section\s+\.debug", line):
+        if _DEBUG_SECTION.match(line):
             break
         if not _DEBUG_LINE.match(line):
             lines.append(line.rstrip())
