@@ -23,6 +23,7 @@ from bench_attention import _flops, _inputs, _ours, _sdpa, _time
 from torch.nn.attention import SDPBackend
 
 from fox_kernel import forgetting_attention
+from fox_kernel.ops.gluon import host
 from fox_kernel.ops.gluon import tiles as ga
 from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import max_abs_err, random_log_fgate
@@ -49,6 +50,7 @@ BASE = {name: getattr(ga, name)[D] for name in ("GLUON_TILES", "GLUON_DQ_TILES",
 def use(variant: str):
     for name, row in BASE.items():
         getattr(ga, name)[D] = VARIANTS[variant].get(name, row)
+    host.forget_plans()  # the forward's recorded launches hold the tiles they were recorded with
 
 
 def errors(seed=0):

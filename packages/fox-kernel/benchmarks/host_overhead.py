@@ -13,10 +13,11 @@ between runs is wider than some of the differences measured here). ``--launch-ab
 kernels' cached launches (``ops/triton/launch.run``) and through Triton's own launch path, in alternating
 rounds in this one process, and reports the median of each; ``--reports-ab`` likewise with the prefix sums'
 zero-gate reports read and not read (``ops/zero_flags.py``); ``--descriptors-ab`` with the Gluon launchers'
-TMA descriptors kept between calls and built afresh (``ops/gluon/host.py``).
+TMA descriptors kept between calls and built afresh (``ops/gluon/host.py``); ``--plans-ab`` with the Gluon
+forward's recorded launches replayed and every call launched through ``launch.run`` (``ops/gluon/host.py``).
 
     python packages/fox-kernel/benchmarks/host_overhead.py --out host.json [--seq-len 256] [--rounds 5] \\
-        [--launch-ab | --reports-ab | --descriptors-ab]
+        [--launch-ab | --reports-ab | --descriptors-ab | --plans-ab]
 """
 
 from __future__ import annotations
@@ -69,9 +70,12 @@ def main(argv=None):
     ab.add_argument("--descriptors-ab", action="store_true",
                     help="each case with the Gluon launchers' TMA descriptors kept between calls and built afresh "
                          "(ops/gluon/host.CACHED_DESCRIPTORS), alternating rounds")
+    ab.add_argument("--plans-ab", action="store_true",
+                    help="each case with the Gluon forward's recorded launches replayed and launched anew each call "
+                         "(ops/gluon/host.PLANS), alternating rounds")
     ap.add_argument("--rounds", type=int, default=None,
                     help="rounds: every case once per round, the cases in turn; each row is the median over rounds "
-                         "(--launch-ab, --reports-ab: 3 if not given)")
+                         "(the A/B options: 3 if not given)")
     ap.add_argument("--profile", action="store_true",
                     help="also print cProfile's top functions (own time) of the autograd calls (zero_gates=False, without "
                          "and with the auto bound; with a per-head bound), or of the --profile-case cases")
@@ -176,6 +180,10 @@ def main(argv=None):
         from fox_kernel.ops.gluon import host
 
         switch = (host, "CACHED_DESCRIPTORS", "host_us_descriptors_built", "kept us", "built us")
+    elif args.plans_ab:
+        from fox_kernel.ops.gluon import host
+
+        switch = (host, "PLANS", "host_us_launched", "replay us", "launch us")
     rounds = args.rounds if args.rounds is not None else 3 if switch else 1
     if rounds < 1:
         raise SystemExit(f"--rounds must be at least 1, got {rounds}")

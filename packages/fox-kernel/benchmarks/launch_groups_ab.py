@@ -24,7 +24,7 @@ from bench_attention import _env, _inputs, _ours, _sdpa
 from bench_pruning import in_rotating_rounds
 from torch.nn.attention import SDPBackend
 
-from fox_kernel.ops.gluon import tiles
+from fox_kernel.ops.gluon import host, tiles
 
 # (B, T, H, Hkv, D): bench_attention's quick cells (B*T = 16384, H*D = 2048) and one layer of the 125M model
 SHAPES = [(4, 4096, 32, 32, 64), (1, 16384, 32, 32, 64), (4, 4096, 16, 16, 128), (1, 16384, 16, 16, 128),
@@ -42,11 +42,13 @@ def _groups(kind, group):
         tiles.PERSISTENT["fwd"] = False
     elif kind is not None:
         tiles.HEAD_GROUPS[kind] = group
+    host.forget_plans()  # the forward's recorded launches hold the grid they were recorded with
     try:
         yield
     finally:
         tiles.HEAD_GROUPS.clear()
         tiles.PERSISTENT.update(persistent)
+        host.forget_plans()
 
 
 def _time(contender, args, mode):

@@ -13,6 +13,7 @@ import torch
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from fox_kernel.ops import zero_flags
 from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.constants import FIXED_BOUND_GAP, LOG2E
 from fox_kernel.ops.gluon.bwd import gluon_dkdv_kernel, gluon_dq_kernel
@@ -40,7 +41,28 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does. The prefix
     sums and the q/k norms come from one launch, the bound, the ranges and the local sums from a second
     (``prologue``). The call has neither ``seq_start``, ``cu_seqlens`` nor a window (``dispatch`` sends no
-    such call here)."""
+    such call here).
+    A call whose key (``_plan_key``) has run before replays that run's launches (``_ForwardPlan``)."""
+    if not PLANS or not launch.replayable():
+        return _forward(q, k, v, log_fgate, call, fixed)[0]
+    key = _plan_key(q, k, v, log_fgate, call, fixed)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan.run(q, k, v, log_fgate, call)
+    with launch.recording() as launches:
+        result, named, rows = _forward(q, k, v, log_fgate, call, fixed)
+    plan = _ForwardPlan.build(launches, named, rows, call)
+    if plan is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return result
+
+
+def _forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
+    """``forward``'s result, launched through ``launch.run``, and the call's tensors by name (inputs,
+    descriptors, the zero-gate report's word and every buffer made here), which ``_ForwardPlan.build`` finds
+    in the recorded launches, and the tile heights of the q, k and v descriptors."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     sm_scale = call.sm_scale
@@ -54,9 +76,9 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     out = torch.empty_like(q)
     lse = torch.empty(B, H, Tq, dtype=torch.float32, device=q.device)
     blocks = gluon_blocks(D, "fwd-fixed" if fixed else "fwd")
-    threshold, ranges, cl, kmax2 = forward_tables(c, call.threshold, qn2, kn2, sm_scale,
-                                                  bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq, blocks)
-    kmax2 = kmax2 if fixed else None  # the largest squared key norms, reduced from kn2's partial maxima
+    threshold, ranges, cl, kmax2_all = forward_tables(c, call.threshold, qn2, kn2, sm_scale,
+                                                      bound(0.0, Tk, call.auto_log_eps) if auto else None, Tq, blocks)
+    kmax2 = kmax2_all if fixed else None  # the largest squared key norms, reduced from kn2's partial maxima
     block_m, block_n, stages, regs, loader_regs, consumers = (GLUON_FWD_FIXED_TILES if fixed else GLUON_FWD_TILES)[D]
     # at D=64 heads in groups that fill two waves (tiles.wave_group). At D=128, few rows x heads (one layer
     # of a 125M model: 12): every head's heaviest query blocks first, so that the last wave is not one
@@ -71,8 +93,9 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     grid, heads_per_group = launch_grid("fwd", n_blk, B * H, group)
     if PERSISTENT["fwd"]:  # one program per SM (one fits), each taking tiles until none is left
         grid = (min(grid[0], sms),)
+    descriptors = _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n)
     launch.run(gluon_fwd_kernel, grid,
-        _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
+        *descriptors, c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, counter, out.stride(0), out.stride(1), out.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value, B * H,
         heads_per_group,
@@ -80,7 +103,103 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=FIXED_BOUND_GAP, CONSUMERS=consumers,
         num_warps=4,
     )
-    return out, lse, threshold, (c, z, seen)
+    named = dict(q=q, k=k, v=v, log_fgate=log_fgate, q_desc=descriptors[0], k_desc=descriptors[1],
+                 v_desc=descriptors[2], flag=seen and seen.flag, c=c, z=z, x_norms=x_norms, y_norms=y_norms,
+                 counter=counter, out=out, lse=lse, cl=cl, kmax2=kmax2_all, ranges=ranges,
+                 **{"threshold" if auto else "call_threshold": threshold})
+    return (out, lse, threshold, (c, z, seen)), named, (block_m // consumers, block_n, block_n)
+
+
+# Plans of the forward: its three launches (prefix sums and norms, tables, attention) are a function of the
+# call's shapes, strides, dtype, device, scale, pruning and zero-gate options, and of the alignment of the
+# buffers read through pointers (``_plan_key``: Triton specialises integers and pointers on exactly such
+# properties, and every other argument is computed from them). The first call of a key records its launches
+# (``launch.recording``); later calls allocate the same buffers, take fresh descriptors and a fresh
+# zero-gate ticket, and replay them, without this module's Python, the binding and the specialisation of
+# each launch (``launch.replay``). A plan keeps no tensor of the call it was recorded from. ``PLANS`` False
+# runs every call through ``launch.run`` (for comparison); benchmarks that change the tile tables or
+# launch groups call ``forget_plans``. Plans are not made or used while a launch hook is registered or
+# with cached launches off (``launch.replayable``).
+PLANS = True
+_PLANS: dict[tuple, _ForwardPlan] = {}
+_MAX_PLANS = 256
+_ALLOCATED = ("c", "z", "x_norms", "y_norms", "counter", "out", "lse", "cl", "kmax2", "ranges", "threshold")
+_FORWARD_LAUNCHES = 3  # prefix sums and norms, tables, attention
+
+
+def forget_plans() -> None:
+    """Drops every recorded plan (after a change of the tile tables, launch groups or ``PERSISTENT``)."""
+    _PLANS.clear()
+
+
+def _alignment(x) -> int | None:
+    return None if x is None else x.data_ptr() % 16
+
+
+def _plan_key(q, k, v, log_fgate, call: AttentionCall, fixed: bool) -> tuple:
+    """What the forward's launches are a function of (see above)."""
+    th = call.threshold
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), log_fgate.shape, log_fgate.stride(),
+            q.dtype, q.device, launch.current_device(), _alignment(q), _alignment(k), _alignment(log_fgate),
+            call.sm_scale, call.auto_log_eps, call.zero_gates, fixed,
+            None if th is None else (th.shape, th.stride(), th.dtype, _alignment(th)))
+
+
+class _ForwardPlan:
+    """One key's recorded forward: the launches with their per-call arguments left out (``slots``), the
+    buffers to allocate (name, shape, strides, dtype) and the descriptors to take (name, tensor, tile
+    height)."""
+
+    __slots__ = ("launches", "allocations", "descriptors", "zero_gates", "auto")
+
+    @classmethod
+    def build(cls, launches, named: dict, rows, call: AttentionCall) -> _ForwardPlan | None:
+        """The plan of a call whose launches (``launch.recording``'s) and tensors (``_forward``'s) are given,
+        or None where the launches are not the three expected ones, each through its compiled launcher, or a launch reads a buffer that is not one of the call's, or two named objects are one
+        (a replay could not tell which is which)."""
+        if len(launches) != _FORWARD_LAUNCHES or any(r is None for r in launches):
+            return None
+        present = {name: x for name, x in named.items() if x is not None}
+        ids = {id(x): name for name, x in present.items()}
+        if len(ids) != len(present):
+            return None
+        plan = cls()
+        plan.launches = []
+        for r in launches:
+            slots = launch.slots_of(r.values, ids)
+            if slots is None:
+                return None
+            template = list(r.values)
+            for i, _ in slots:  # the plan keeps no tensor of this call
+                template[i] = None
+            plan.launches.append((launch.Recorded(r.kernel, r.compiled, r.grid, tuple(template)), slots))
+        plan.allocations = tuple((name, tuple(x.shape), tuple(x.stride()), x.dtype)
+                                 for name, x in present.items() if name in _ALLOCATED)
+        plan.descriptors = tuple(zip(("q_desc", "k_desc", "v_desc"), ("q", "k", "v"), rows))
+        plan.zero_gates, plan.auto = call.zero_gates, call.auto_log_eps is not None
+        return plan
+
+    def run(self, q, k, v, log_fgate, call: AttentionCall):
+        """``forward``'s result for a call of this plan's key."""
+        device = q.device
+        t = dict(q=q, k=k, v=v, log_fgate=log_fgate, call_threshold=call.threshold)
+        for name, shape, stride, dtype in self.allocations:
+            t[name] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        for name, source, rows in self.descriptors:
+            t[name] = _descriptor(t[source], rows)
+        seen = zero_flags.ticket(device) if self.zero_gates else None
+        if seen is not None:
+            t["flag"] = seen.flag
+        stream = launch.current_stream()
+        (sums, sums_slots), *rest = self.launches
+        launch.replay(sums, sums_slots, t, stream)
+        if seen is not None:
+            seen.launched()  # marks the end of the prefix sums, as forward_sums does
+        for recorded, slots in rest:
+            launch.replay(recorded, slots, t, stream)
+        threshold = t["threshold"] if self.auto else call.threshold
+        return t["out"], t["lse"], threshold, (t["c"], t.get("z"), seen)
+
 
 
 def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):

@@ -256,11 +256,13 @@ LAUNCH_OPTIONS = dict(enable_fp_fusion=True)
 
 def run(kernel, grid, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)`` with LAUNCH_OPTIONS, through the compiled kernel's launcher once
-    this specialisation has been launched (see above)."""
+    this specialisation has been launched (see above). While ``recording`` is on, each launch is also
+    appended to its list, as a ``Recorded`` or, where it went through Triton's own path, as None."""
     global CACHED
     kwargs = {**LAUNCH_OPTIONS, **kwargs}
     if not CACHED or INTERPRET:
         kernel[grid](*args, **kwargs)
+        _record(None)
         return
     entry = _BINDERS.get(id(kernel))
     if entry is None:
@@ -268,6 +270,7 @@ def run(kernel, grid, *args, **kwargs) -> None:
         entry = _BINDERS[id(kernel)] = (kernel, make_binder(kernel) if hasattr(kernel, "params") else None)
     if entry[1] is None or callable(grid):  # a grid computed from the bound arguments: Triton's path
         kernel[grid](*args, **kwargs)
+        _record(None)
         return
     values, spec, options = entry[1](*args, **kwargs)
     current_device, current_stream, knobs = _runtime()
@@ -280,11 +283,102 @@ def run(kernel, grid, *args, **kwargs) -> None:
             compiled = compiled.result()
         if compiled is not None:
             _COMPILED[key] = compiled
+        _record(None if compiled is None or _COMPILED.get(key) is not compiled else
+                Recorded(kernel, compiled, _grid3(grid), values))
         return
-    n = len(grid)
+    grid3 = _grid3(grid)
     try:
-        compiled.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, current_stream(device),
-                     compiled.function, compiled.packed_metadata, None, None, None, *values)
+        compiled.run(*grid3, current_stream(device), compiled.function, compiled.packed_metadata, None, None, None,
+                     *values)
     except TypeError:  # the launcher parses its arguments before it launches anything
         CACHED = False
         kernel[grid](*args, **kwargs)
+        _record(None)
+        return
+    _record(Recorded(kernel, compiled, grid3, values))
+
+
+def _grid3(grid) -> tuple[int, int, int]:
+    n = len(grid)
+    return grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+
+
+# Recording and replaying launches: a host function whose launches are a function of a key it computes (the
+# shapes, strides and options of its call; ``gluon/host.py``'s forward) records them once through ``run``
+# and then replays them with each later call's tensors put in their places, skipping its own Python, the
+# binding and the specialisation key of every launch. ``run`` records a launch only where it went through
+# the compiled kernel's launcher with a key at least as fine as Triton's (a None marks any other launch, so
+# that such a call is not replayed), and replays skip Triton the same way ``run`` does: not while a launch
+# hook is registered, and not after a launcher refused its arguments (``CACHED`` off).
+class Recorded:
+    """One launch as ``run`` made it: the kernel, its compiled form, the (x, y, z) grid and the arguments
+    in the kernel's parameter order."""
+
+    __slots__ = ("kernel", "compiled", "grid", "values")
+
+    def __init__(self, kernel, compiled, grid: tuple[int, int, int], values: tuple):
+        self.kernel, self.compiled, self.grid, self.values = kernel, compiled, grid, values
+
+
+_RECORDING: list | None = None
+
+
+class recording:
+    """``with recording() as launches:`` appends each launch ``run`` makes inside (a ``Recorded``, or None for
+    one that went through Triton's own path) to ``launches``. Not re-entrant."""
+
+    def __enter__(self) -> list:
+        global _RECORDING
+        self.launches = _RECORDING = []
+        return self.launches
+
+    def __exit__(self, *exc) -> None:
+        global _RECORDING
+        _RECORDING = None
+
+
+def _record(launch: Recorded | None) -> None:
+    if _RECORDING is not None:
+        _RECORDING.append(launch)
+
+
+def slots_of(values: tuple, named: dict[int, str]) -> tuple[tuple[int, str], ...] | None:
+    """(position, name) of each argument in ``values`` that is one of a call's tensors (``named``: id of
+    the object -> its name), or None where an argument holds a buffer that is not named (a replay could
+    not replace it)."""
+    slots = []
+    for i, value in enumerate(values):
+        name = named.get(id(value))
+        if name is not None:
+            slots.append((i, name))
+        elif hasattr(value, "data_ptr") or hasattr(value, "base"):  # tensors, TMA descriptors
+            return None
+    return tuple(slots)
+
+
+def replayable() -> bool:
+    """Whether recorded launches may be replayed now: cached launches on, no launch hook registered."""
+    if not CACHED or INTERPRET:
+        return False
+    knobs = _runtime()[2]
+    return not (_hooked(knobs.launch_enter_hook) or _hooked(knobs.launch_exit_hook))
+
+
+def current_device() -> int:
+    """The current CUDA device, as ``run`` keys its compiled kernels on it."""
+    return _runtime()[0]()
+
+
+def current_stream():
+    """The current device's current stream, as ``run`` launches on it."""
+    current_device, current_stream, _ = _runtime()
+    return current_stream(current_device())
+
+
+def replay(launch: Recorded, slots, tensors: dict, stream) -> None:
+    """Launches ``launch`` again on ``stream`` with ``tensors[name]`` at each of its ``slots`` (``slots_of``)."""
+    values = list(launch.values)
+    for i, name in slots:
+        values[i] = tensors[name]
+    compiled = launch.compiled
+    compiled.run(*launch.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
