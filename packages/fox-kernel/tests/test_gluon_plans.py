@@ -1,11 +1,12 @@
-"""The Gluon forward's recorded plans (``ops/gluon/host._ForwardPlan``, ``ops/triton/launch.recording`` and
-``replay``).
+"""The Gluon forward's and backward's recorded plans (``ops/gluon/host._Plan``, ``ops/triton/launch.recording``
+and ``replay``).
 
-On a GPU: a forward replayed from its plan gives, bit for bit, what the same call launched through
-``launch.run`` gives (outputs, log-sum-exp, threshold, prefix sums, and the gradients of a backward that
-reads them), exact and pruned, with and without gates of 0, at both head dims, both 16-bit types, with GQA
-and a threshold tensor; a call that differs in what Triton specialises on (the gates' alignment) gets a
-plan of its own; no plan is used while a launch hook is registered; a plan holds no tensor of its call.
+On a GPU: a forward and a backward replayed from their plans give, bit for bit, what the same calls
+launched through ``launch.run`` give (outputs, log-sum-exp, threshold, prefix sums, gradients), exact and
+pruned, with and without gates of 0, at both head dims, both 16-bit types, with GQA and a threshold tensor;
+a call that differs in what Triton specialises on (the gates' alignment) gets a plan of its own; no plan is
+used while a launch hook is registered, nor made for the one-pass backward; a plan holds no tensor of its
+call.
 
 On the CPU: how recorded launches are kept (which arguments are the call's, which a plan refuses) and how
 a replay puts a call's tensors in their places."""
@@ -41,13 +42,13 @@ def gpu_plans(host, monkeypatch):
         pytest.skip("the Gluon kernels run on sm90 GPUs")
     monkeypatch.setattr(launch, "CACHED", True)
     replays = []
-    run = host._ForwardPlan.run
+    run = host._Plan.run
 
     def counting(self, *args):
         replays.append(1)
         return run(self, *args)
 
-    monkeypatch.setattr(host._ForwardPlan, "run", counting)
+    monkeypatch.setattr(host._Plan, "run", counting)
     return host, replays
 
 
@@ -77,7 +78,7 @@ CASES = [  # (B, T, H, Hkv, D, dtype, adaptive_threshold, zero_gates, a gate of 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-T{c[1]}-H{c[2]}/{c[3]}-D{c[4]}-{c[5]}-{c[6]}-zg{c[7]}"
                                                      f"-zero{c[8]}")
-def test_a_replayed_forward_is_the_launched_one_bit_for_bit(gpu_plans, monkeypatch, case):
+def test_a_replayed_forward_and_backward_are_the_launched_ones_bit_for_bit(gpu_plans, monkeypatch, case):
     host, replays = gpu_plans
     B, T, H, Hkv, D, dtype, threshold, zero_gates, zero_at = case
     if threshold == "tensor":
@@ -90,10 +91,10 @@ def test_a_replayed_forward_is_the_launched_one_bit_for_bit(gpu_plans, monkeypat
         out = forgetting_attention(*leaves, adaptive_threshold=threshold, zero_gates=zero_gates)
         return [out, *torch.autograd.grad(out, leaves, do)]
 
-    recorded = step(0)  # records the plan
-    assert len(host._PLANS) == 1 and not replays
+    recorded = step(0)  # records the forward's and the backward's plans
+    assert len(host._PLANS) == 2 and not replays
     replayed = [step(0), step(1)]
-    assert len(replays) == 2 and len(host._PLANS) == 1
+    assert len(replays) == 4 and len(host._PLANS) == 2
     monkeypatch.setattr(host, "PLANS", False)
     launched = [step(0), step(1)]
     for a, b in zip(recorded, launched[0]):
@@ -135,7 +136,7 @@ def test_another_gate_alignment_gets_its_own_plan(gpu_plans, monkeypatch):
         q, k, v, lf = _inputs(1, 200, 4, 4, 64, torch.bfloat16, 5, gate_offset=offset)
         assert (lf.data_ptr() % 16 == 0) == (offset == 0)
         outs.append(forgetting_attention(q, k, v, lf, adaptive_threshold="auto"))
-    assert len(host._PLANS) == 2 and len(replays) == 2
+    assert len(host._PLANS) == 2 and len(replays) == 2  # forward plans (no backward ran)
     monkeypatch.setattr(host, "PLANS", False)
     want = forgetting_attention(q, k, v, lf, adaptive_threshold="auto")
     for out in outs:
@@ -162,6 +163,24 @@ def test_no_plan_while_a_launch_hook_is_registered(gpu_plans, monkeypatch):
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
     forgetting_attention(q, k, v, lf)
     assert not replays and len(seen) >= 3  # every launch went through Triton, which called the hook
+
+
+@pytest.mark.gpu
+def test_the_one_pass_backward_is_not_planned(gpu_plans, monkeypatch):
+    """It ends in PyTorch ops that a replay of its launches would leave out."""
+    from fox_kernel.options import current_options
+
+    host, replays = gpu_plans
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
+    options = current_options().replace(backward="fused")
+    q, k, v, lf = (x.requires_grad_() for x in _inputs(1, 300, 4, 4, 64, torch.bfloat16, 9))
+    grads = []
+    for _ in range(2):
+        out = forgetting_attention(q, k, v, lf, options=options)
+        grads.append(torch.autograd.grad(out.float().sum(), (q, k, v, lf)))
+    assert [key[0] for key in host._PLANS] == ["forward"] and len(replays) == 1
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)  # atomics: the order of additions varies
 
 
 @pytest.mark.gpu
@@ -197,10 +216,7 @@ def test_slots_name_the_calls_tensors_and_refuse_unnamed_buffers():
     assert launch.slots_of((a, 3, None, b, (1, 2), 0.5, a), named) == ((0, "a"), (3, "b"), (6, "a"))
     assert launch.slots_of((a, other), named) is None
 
-    class Descriptor:  # a TMA descriptor has a base, not a data_ptr
-        base = None
-
-    assert launch.slots_of((Descriptor(),), named) is None
+    assert launch.slots_of((_Descriptor(),), named) is None
     assert launch.slots_of((7, "x"), named) == ()
 
 
@@ -234,32 +250,39 @@ def test_recording_marks_launches_through_tritons_own_path(monkeypatch):
     assert launch._RECORDING is None
 
 
+class _Descriptor:
+    """Stands in for a TMA descriptor (which has a base, not a data_ptr)."""
+
+    base = None
+
+
 def _recorded(*values_per_launch):
     return [launch.Recorded(None, _Compiled(), (1, 1, 1), values) for values in values_per_launch]
 
 
 def test_a_plan_is_refused_where_a_replay_could_not_be_right(host):
-    from fox_kernel.ops.call import AttentionCall
-
-    call = AttentionCall(0.125)
     q, k, v, lf, c, out, lse = (torch.zeros(2) for _ in range(7))
-    named = dict(q=q, k=k, v=v, log_fgate=lf, c=c, out=out, lse=lse, z=None)
-    good = _recorded((lf, c, 3), (c, None, 2.0), (q, k, v, c, out, lse, 7))
-    rows = (64, 128, 128)
-    plan = host._ForwardPlan.build(good, named, rows, call)
+    inputs = dict(q=q, k=k, v=v, log_fgate=lf, call_threshold=None)
+    made = dict(c=c, out=out, lse=lse, z=None)
+    q_desc, k_desc = _Descriptor(), _Descriptor()
+    taken = [(q, 64, q_desc), (k, 128, k_desc), (q, 64, q_desc)]
+    good = _recorded((lf, c, 3), (c, None, 2.0), (q_desc, k_desc, c, out, lse, 7))
+    plan = host._Plan.build(good, 3, inputs, made, taken, None)
     assert plan is not None
     assert [slots for _, slots in plan.launches] == [((0, "log_fgate"), (1, "c")), ((0, "c"),),
-                                                     ((0, "q"), (1, "k"), (2, "v"), (3, "c"), (4, "out"), (5, "lse"))]
+                                                     ((0, "q@64"), (1, "k@128"), (2, "c"), (3, "out"), (4, "lse"))]
     kept = [x for recorded, _ in plan.launches for x in recorded.values]
     assert not any(isinstance(x, torch.Tensor) for x in kept)  # the plan keeps no tensor of the call
-    assert {a[0] for a in plan.allocations} == {"c", "out", "lse"}
-    assert plan.descriptors == (("q_desc", "q", 64), ("k_desc", "k", 128), ("v_desc", "v", 128))
+    assert [a[0] for a in plan.allocations] == ["c", "out", "lse"]
+    assert plan.descriptors == (("q@64", "q", 64), ("k@128", "k", 128)) and not plan.ticket
     refused = [
-        good[:2],  # a launch fewer (a call with nothing to launch in one pass)
-        [good[0], None, good[2]],  # one went through Triton's path
-        _recorded((lf, c, 3), (c, torch.zeros(1)), (q, out)),  # a buffer that is not the call's
+        (good[:2], taken),  # a launch fewer (a call with nothing to launch in one pass)
+        ([good[0], None, good[2]], taken),  # one went through Triton's path
+        (_recorded((lf, c, 3), (c, torch.zeros(1)), (q_desc, out)), taken),  # a buffer that is not the call's
+        (good, [*taken, (c, 64, _Descriptor())]),  # a descriptor of a buffer made here, not of an input
+        (good, [*taken, (q, 64, _Descriptor())]),  # two descriptors of one tensor and tile (not kept ones)
     ]
-    for launches in refused:
-        assert host._ForwardPlan.build(launches, named, rows, call) is None
-    aliased = dict(named, k=q)  # q and k one tensor: a replay could not tell them apart
-    assert host._ForwardPlan.build(_recorded((lf, c), (c,), (q, out)), aliased, rows, call) is None
+    for launches, descriptors in refused:
+        assert host._Plan.build(launches, 3, inputs, made, descriptors, None) is None
+    aliased = dict(inputs, k=q)  # q and k one tensor: a replay could not tell them apart
+    assert host._Plan.build(_recorded((lf, c), (c,), (q, out)), 3, aliased, made, [], None) is None

@@ -7,6 +7,7 @@ kernels around them (prefix sums, local sums, kept ranges, norms) are the Triton
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -42,27 +43,26 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     sums and the q/k norms come from one launch, the bound, the ranges and the local sums from a second
     (``prologue``). The call has neither ``seq_start``, ``cu_seqlens`` nor a window (``dispatch`` sends no
     such call here).
-    A call whose key (``_plan_key``) has run before replays that run's launches (``_ForwardPlan``)."""
+    A call of a key that has run before replays that run's launches (``_Plan``)."""
     if not PLANS or not launch.replayable():
         return _forward(q, k, v, log_fgate, call, fixed)[0]
-    key = _plan_key(q, k, v, log_fgate, call, fixed)
+    inputs = dict(q=q, k=k, v=v, log_fgate=log_fgate, call_threshold=call.threshold)
+    key = ("forward", _layout(q, k, v, log_fgate), call.sm_scale, call.auto_log_eps, call.zero_gates, fixed,
+           _layout(call.threshold))
     plan = _PLANS.get(key)
-    if plan is not None:
-        return plan.run(q, k, v, log_fgate, call)
-    with launch.recording() as launches:
-        result, named, rows = _forward(q, k, v, log_fgate, call, fixed)
-    plan = _ForwardPlan.build(launches, named, rows, call)
-    if plan is not None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return result
+    if plan is None:
+        with _recording() as (launches, taken):
+            result, made, seen = _forward(q, k, v, log_fgate, call, fixed)
+        _keep(key, _Plan.build(launches, _FORWARD_LAUNCHES, inputs, made, taken, seen))
+        return result
+    t, seen = plan.run(inputs, q.device)
+    threshold = t["threshold"] if call.auto_log_eps is not None else call.threshold
+    return t["out"], t["lse"], threshold, (t["c"], t.get("z"), seen)
 
 
 def _forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
-    """``forward``'s result, launched through ``launch.run``, and the call's tensors by name (inputs,
-    descriptors, the zero-gate report's word and every buffer made here), which ``_ForwardPlan.build`` finds
-    in the recorded launches, and the tile heights of the q, k and v descriptors."""
+    """``forward``'s result, launched through ``launch.run``, the buffers made here by name and the zero-gate
+    ticket (None without ``call.zero_gates``), which ``_Plan.build`` finds in the recorded launches."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     sm_scale = call.sm_scale
@@ -93,9 +93,8 @@ def _forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     grid, heads_per_group = launch_grid("fwd", n_blk, B * H, group)
     if PERSISTENT["fwd"]:  # one program per SM (one fits), each taking tiles until none is left
         grid = (min(grid[0], sms),)
-    descriptors = _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n)
     launch.run(gluon_fwd_kernel, grid,
-        *descriptors, c, cl, out, lse, ranges,
+        _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, counter, out.stride(0), out.stride(1), out.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value, B * H,
         heads_per_group,
@@ -103,28 +102,29 @@ def _forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=FIXED_BOUND_GAP, CONSUMERS=consumers,
         num_warps=4,
     )
-    named = dict(q=q, k=k, v=v, log_fgate=log_fgate, q_desc=descriptors[0], k_desc=descriptors[1],
-                 v_desc=descriptors[2], flag=seen and seen.flag, c=c, z=z, x_norms=x_norms, y_norms=y_norms,
-                 counter=counter, out=out, lse=lse, cl=cl, kmax2=kmax2_all, ranges=ranges,
-                 **{"threshold" if auto else "call_threshold": threshold})
-    return (out, lse, threshold, (c, z, seen)), named, (block_m // consumers, block_n, block_n)
+    made = dict(c=c, z=z, x_norms=x_norms, y_norms=y_norms, counter=counter, out=out, lse=lse, cl=cl, kmax2=kmax2_all,
+                ranges=ranges, threshold=threshold if auto else None)
+    return (out, lse, threshold, (c, z, seen)), made, seen
 
 
-# Plans of the forward: its three launches (prefix sums and norms, tables, attention) are a function of the
-# call's shapes, strides, dtype, device, scale, pruning and zero-gate options, and of the alignment of the
-# buffers read through pointers (``_plan_key``: Triton specialises integers and pointers on exactly such
-# properties, and every other argument is computed from them). The first call of a key records its launches
-# (``launch.recording``); later calls allocate the same buffers, take fresh descriptors and a fresh
-# zero-gate ticket, and replay them, without this module's Python, the binding and the specialisation of
-# each launch (``launch.replay``). A plan keeps no tensor of the call it was recorded from. ``PLANS`` False
-# runs every call through ``launch.run`` (for comparison); benchmarks that change the tile tables or
-# launch groups call ``forget_plans``. Plans are not made or used while a launch hook is registered or
-# with cached launches off (``launch.replayable``).
+# Plans: the launches of the forward (prefix sums and norms, tables, attention) and of the two-pass backward
+# (prologue, dK/dV, dQ) are a function of the call's shapes, strides, dtype, device, options (scale, pruning,
+# zero gates, fixed bound) and of the alignment of the buffers read through pointers: Triton specialises
+# integers and pointers on exactly such properties, and every other argument is computed from them
+# (``_layout``). The first call of a key records its launches (``launch.recording``) and the descriptors it
+# took; later calls allocate the same buffers, take the same descriptors of their own tensors (and, in the
+# forward, a fresh zero-gate ticket) and replay the launches, without this module's Python, the binding and
+# the specialisation of each launch (``launch.replay``; on an H200 host the forward's host time halved,
+# benchmarks/host-overhead-plans-ab-*.json). A plan keeps no tensor of the call it was recorded from.
+# ``PLANS`` False runs every call through ``launch.run`` (for comparison); benchmarks that change the tile
+# tables or launch groups call ``forget_plans``. No plan is made or used while a launch hook is registered or
+# with cached launches off (``launch.replayable``), nor for the one-pass backward (it ends in PyTorch ops).
 PLANS = True
-_PLANS: dict[tuple, _ForwardPlan] = {}
+_PLANS: dict[tuple, _Plan] = {}
 _MAX_PLANS = 256
-_ALLOCATED = ("c", "z", "x_norms", "y_norms", "counter", "out", "lse", "cl", "kmax2", "ranges", "threshold")
-_FORWARD_LAUNCHES = 3  # prefix sums and norms, tables, attention
+_FORWARD_LAUNCHES = 3
+_BACKWARD_LAUNCHES = 3
+_TAKEN: list | None = None  # while recording: (tensor, tile height, descriptor) of each descriptor taken
 
 
 def forget_plans() -> None:
@@ -132,36 +132,60 @@ def forget_plans() -> None:
     _PLANS.clear()
 
 
-def _alignment(x) -> int | None:
-    return None if x is None else x.data_ptr() % 16
+def _layout(*tensors) -> tuple:
+    """What a plan's key holds of each tensor: shape, strides, dtype, device and 16-byte alignment (None for
+    None), and the current device (which ``launch.run`` keys compiled kernels on)."""
+    return (launch.current_device(), *((None if x is None else (x.shape, x.stride(), x.dtype, x.device,
+                                                                x.data_ptr() % 16)) for x in tensors))
 
 
-def _plan_key(q, k, v, log_fgate, call: AttentionCall, fixed: bool) -> tuple:
-    """What the forward's launches are a function of (see above)."""
-    th = call.threshold
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), log_fgate.shape, log_fgate.stride(),
-            q.dtype, q.device, launch.current_device(), _alignment(q), _alignment(k), _alignment(log_fgate),
-            call.sm_scale, call.auto_log_eps, call.zero_gates, fixed,
-            None if th is None else (th.shape, th.stride(), th.dtype, _alignment(th)))
+@contextlib.contextmanager
+def _recording():
+    """``launch.recording``, and the descriptors taken meanwhile."""
+    global _TAKEN
+    with launch.recording() as launches:
+        _TAKEN = taken = []
+        try:
+            yield launches, taken
+        finally:
+            _TAKEN = None
 
 
-class _ForwardPlan:
-    """One key's recorded forward: the launches with their per-call arguments left out (``slots``), the
-    buffers to allocate (name, shape, strides, dtype) and the descriptors to take (name, tensor, tile
-    height)."""
+def _keep(key, plan) -> None:
+    if plan is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
 
-    __slots__ = ("launches", "allocations", "descriptors", "zero_gates", "auto")
+
+class _Plan:
+    """One key's recorded launches, with the call's tensors left out (``slots``: where each goes), the
+    buffers to allocate (name, shape, strides, dtype), the descriptors to take (name, tensor's name, tile
+    height) and whether a zero-gate ticket's word goes to the first launch."""
+
+    __slots__ = ("launches", "allocations", "descriptors", "ticket")
 
     @classmethod
-    def build(cls, launches, named: dict, rows, call: AttentionCall) -> _ForwardPlan | None:
-        """The plan of a call whose launches (``launch.recording``'s) and tensors (``_forward``'s) are given,
-        or None where the launches are not the three expected ones, each through its compiled launcher, or a launch reads a buffer that is not one of the call's, or two named objects are one
-        (a replay could not tell which is which)."""
-        if len(launches) != _FORWARD_LAUNCHES or any(r is None for r in launches):
+    def build(cls, launches, n_launches: int, inputs: dict, made: dict, taken: list, seen) -> _Plan | None:
+        """The plan of a call given its recorded launches, its inputs and the buffers it made (by name), the
+        descriptors it took (``_recording``) and its zero-gate ticket, or None where the launches are not
+        the ``n_launches`` expected, each through its compiled launcher; a launch reads a buffer that is none
+        of these; a descriptor is not of an input; or two named objects are one (a replay could not tell
+        which is which)."""
+        if len(launches) != n_launches or any(r is None for r in launches):
             return None
-        present = {name: x for name, x in named.items() if x is not None}
-        ids = {id(x): name for name, x in present.items()}
-        if len(ids) != len(present):
+        named = {name: x for name, x in {**inputs, **made}.items() if x is not None}
+        source = {id(x): name for name, x in inputs.items() if x is not None}
+        descriptors = {}
+        for x, rows, desc in taken:
+            if id(x) not in source:
+                return None
+            named[f"{source[id(x)]}@{rows}"] = desc
+            descriptors[f"{source[id(x)]}@{rows}"] = (source[id(x)], rows)
+        if seen is not None:
+            named["flag"] = seen.flag
+        ids = {id(x): name for name, x in named.items()}
+        if len(ids) != len(named):
             return None
         plan = cls()
         plan.launches = []
@@ -174,32 +198,29 @@ class _ForwardPlan:
                 template[i] = None
             plan.launches.append((launch.Recorded(r.kernel, r.compiled, r.grid, tuple(template)), slots))
         plan.allocations = tuple((name, tuple(x.shape), tuple(x.stride()), x.dtype)
-                                 for name, x in present.items() if name in _ALLOCATED)
-        plan.descriptors = tuple(zip(("q_desc", "k_desc", "v_desc"), ("q", "k", "v"), rows))
-        plan.zero_gates, plan.auto = call.zero_gates, call.auto_log_eps is not None
+                                 for name, x in made.items() if x is not None)
+        plan.descriptors = tuple((name, *d) for name, d in descriptors.items())
+        plan.ticket = seen is not None
         return plan
 
-    def run(self, q, k, v, log_fgate, call: AttentionCall):
-        """``forward``'s result for a call of this plan's key."""
-        device = q.device
-        t = dict(q=q, k=k, v=v, log_fgate=log_fgate, call_threshold=call.threshold)
+    def run(self, inputs: dict, device):
+        """(the call's tensors by name, its zero-gate ticket or None): the inputs, the buffers made and the
+        descriptors taken, after the launches replayed on them."""
+        t = dict(inputs)
         for name, shape, stride, dtype in self.allocations:
             t[name] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
         for name, source, rows in self.descriptors:
             t[name] = _descriptor(t[source], rows)
-        seen = zero_flags.ticket(device) if self.zero_gates else None
-        if seen is not None:
+        seen = None
+        if self.ticket:
+            seen = zero_flags.ticket(device)
             t["flag"] = seen.flag
         stream = launch.current_stream()
-        (sums, sums_slots), *rest = self.launches
-        launch.replay(sums, sums_slots, t, stream)
-        if seen is not None:
-            seen.launched()  # marks the end of the prefix sums, as forward_sums does
-        for recorded, slots in rest:
+        for i, (recorded, slots) in enumerate(self.launches):
             launch.replay(recorded, slots, t, stream)
-        threshold = t["threshold"] if self.auto else call.threshold
-        return t["out"], t["lse"], threshold, (t["c"], t.get("z"), seen)
-
+            if i == 0 and seen is not None:
+                seen.launched()  # marks the end of the prefix sums, as forward_sums does
+        return t, seen
 
 
 def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
@@ -207,7 +228,24 @@ def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
     term ``dc``; the dQ pass (or, ``one_pass``, the dK/dV pass) writes dQ and the row term ``dc_row``.
     ``call``: the backward's (its threshold the forward's). The row dots ``delta``, both passes' local sums
     and kept ranges come from one launch (``prologue.backward_prologue``); the key and value descriptors
-    serve both passes where their tiles agree."""
+    serve both passes where their tiles agree. A two-pass call of a key that has run before replays that
+    run's launches (``_Plan``)."""
+    if one_pass or not PLANS or not launch.replayable():
+        return _backward(do, q, k, v, c, lse, out, call, one_pass)[0]
+    inputs = dict(do=do, q=q, k=k, v=v, c=c, lse=lse, out=out, call_threshold=call.threshold)
+    key = ("backward", _layout(do, q, k, v, c, lse, out), call.sm_scale, _layout(call.threshold))
+    plan = _PLANS.get(key)
+    if plan is None:
+        with _recording() as (launches, taken):
+            result, made = _backward(do, q, k, v, c, lse, out, call, one_pass)
+        _keep(key, _Plan.build(launches, _BACKWARD_LAUNCHES, inputs, made, taken, None))
+        return result
+    t = plan.run(inputs, q.device)[0]
+    return (t["dq"], t["dk"], t["dv"], t["dc"], t["dc_row"]), t["delta"]
+
+
+def _backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
+    """``backward``'s result, launched through ``launch.run``, and the buffers made here by name."""
     B, Tq, H, D = q.shape
     sm_scale, threshold = call.sm_scale, call.threshold
     Tk = k.shape[1]
@@ -229,7 +267,9 @@ def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
         if dq_blocks["BLOCK_N"] != blocks["BLOCK_N"]:
             kv = (_descriptor(k, dq_blocks["BLOCK_N"]), _descriptor(v, dq_blocks["BLOCK_N"]))
         _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, dq_ranges)
-    return (dq, dk, dv, dc, dc_row), delta
+    made = dict(dq=dq, dk=dk, dv=dv, dc=dc, dc_row=dc_row, delta=delta, clq=clq, cl=cl, ranges=ranges,
+                dq_ranges=dq_ranges)
+    return ((dq, dk, dv, dc, dc_row), delta), made
 
 
 def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
@@ -332,8 +372,14 @@ _MAX_DESCRIPTORS = 1024
 def _descriptor(x, rows):
     """TMA descriptor of a (B, T, H, D) tensor read as (B*T, H*D) in (rows, D) tiles (a copy where its
     strides do not allow that view)."""
-    if not CACHED_DESCRIPTORS:
-        return _new_descriptor(x, rows)
+    desc = _kept_descriptor(x, rows) if CACHED_DESCRIPTORS else _new_descriptor(x, rows)
+    if _TAKEN is not None:
+        _TAKEN.append((x, rows, desc))
+    return desc
+
+
+def _kept_descriptor(x, rows):
+    """``_descriptor``'s kept descriptor (see above)."""
     key = (x.data_ptr(), x.get_device(), x.shape, x.stride(), x.dtype, rows)
     desc = _DESCRIPTORS.get(key)
     if desc is None:
