@@ -3,7 +3,8 @@
 The README says every cell of its "latest run" tables (attention against every contender, pruning against the
 official kernel, decoding, each timed eager and from a CUDA graph) comes from one ``bench_attention.py`` run,
 whose JSON is kept in ``benchmarks/``. This reads those tables back and compares each cell with its JSON, so that a table edited by hand, or a
-JSON replaced by another run's, fails here.
+JSON replaced by another run's, fails here. The two tables of "Recorded launches" are checked the same way
+against the ``plans_ab.py`` and ``host_overhead.py --plans-ab`` runs they cite.
 """
 
 from __future__ import annotations
@@ -109,3 +110,44 @@ def test_the_tables_are_what_bench_attention_prints_from_the_run(benchmark_scrip
     and dashes included."""
     bench = benchmark_script("bench_attention")
     assert bench.markdown_tables(_run_json()) == _table_texts()
+
+
+def _table_after(marker: str) -> list[list[str]]:
+    """The rows (cells as written) of the first markdown table after ``marker`` in the README."""
+    lines = README[README.index(marker):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines[start + 2:end]]
+
+
+def test_the_recorded_launches_eager_table_is_plans_abs_runs():
+    """Each cell of "Recorded launches"' eager table against the ``plans_ab.py`` run its row names."""
+    runs = {plans: json.loads((ROOT / "benchmarks" / f"plans-ab-{commit}-h200-2026-11-29.json").read_text())
+            for plans, commit in (("forward plans", "1506774"), ("both plans", "7deda7a"))}
+    rows = _table_after("Eager time at T=16k (`plans_ab.py")
+    assert len(rows) == 8
+    for d, gates, what, replayed, launched, official, ratio in rows:
+        mode, plans = what.split(", ")[0], next(p for p in runs if p in what)
+        (run,) = [r for r in runs[plans]["rows"] if r["table"] == "pruning" and r["D"] == int(d)
+                  and r["gates"].startswith(gates) and r["mode"] == mode]
+        assert _same(replayed, run["ms auto, replayed"], 3) and _same(launched, run["ms auto, launched"], 3)
+        assert _same(official, run["ms official per-head"], 3)
+        assert _same(ratio, run["ms official per-head"] / run["ms auto, replayed"], 2)
+
+
+def test_the_recorded_launches_host_table_is_host_overheads_runs():
+    runs = {d: {r["case"]: r for r in json.loads((ROOT / "benchmarks" / f"host-overhead-plans-ab-d{d}-1506774-h200-"
+                                                  "2026-11-29.json").read_text())["rows"]} for d in (128, 64)}
+    cases = {"forward op": "forward op", "forward op, \"auto\" pruning": "forward op, auto pruning",
+             "forward op, `zero_gates=False`": "forward op, zero_gates=False",
+             "`forgetting_attention` forward, \"auto\", no grad": "forgetting_attention forward, auto pruning (no grad)",
+             "`forgetting_attention` fwd+bwd, \"auto\", `zero_gates=False` (autograd)":
+                 "forgetting_attention fwd+bwd, auto pruning, zero_gates=False (autograd)",
+             "one Triton launch, no plan (for scale)": "one Triton launch (prefix sums)",
+             "cuDNN SDPA fwd+bwd, no plan (for scale)": "SDPA cuDNN fwd+bwd (autograd)"}
+    rows = _table_after("| host µs per call, T=256 | D=128 replayed")
+    assert [row[0] for row in rows] == list(cases)
+    for name, *cells in rows:
+        values = [runs[d][cases[name]][key] for d in (128, 64) for key in ("host_us", "host_us_launched")]
+        for cell, value in zip(cells, values):
+            assert _number(cell.replace(",", "")) == round(value), (name, cell, value)
