@@ -42,6 +42,21 @@ def zero_gate_passes(monkeypatch) -> list[str]:
     return launched
 
 
+@pytest.fixture
+def gluon_host(monkeypatch):
+    """``ops/gluon/host`` with empty tables of kept descriptors and recorded plans, both switched on (as in a
+    fresh process); skips where this Triton has no Gluon."""
+    from fox_kernel.ops import gluon
+
+    if not gluon.available():
+        pytest.skip("this Triton has no Gluon")
+    from fox_kernel.ops.gluon import host
+
+    for name, value in (("_DESCRIPTORS", {}), ("CACHED_DESCRIPTORS", True), ("_PLANS", {}), ("PLANS", True)):
+        monkeypatch.setattr(host, name, value)
+    return host
+
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

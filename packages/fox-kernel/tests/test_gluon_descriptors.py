@@ -11,18 +11,10 @@ import weakref
 import pytest
 import torch
 
-from fox_kernel.ops import gluon
-
-pytestmark = pytest.mark.skipif(not gluon.available(), reason="this Triton has no Gluon")
-
 
 @pytest.fixture
-def host(monkeypatch):
-    from fox_kernel.ops.gluon import host
-
-    monkeypatch.setattr(host, "_DESCRIPTORS", {})
-    monkeypatch.setattr(host, "CACHED_DESCRIPTORS", True)
-    return host
+def host(gluon_host):
+    return gluon_host
 
 
 def _spec(desc):

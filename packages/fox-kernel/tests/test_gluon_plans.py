@@ -20,20 +20,13 @@ import pytest
 import torch
 
 from fox_kernel import forgetting_attention
-from fox_kernel.ops import gluon
 from fox_kernel.ops.triton import launch
 from fox_kernel.testing import random_log_fgate
 
-pytestmark = pytest.mark.skipif(not gluon.available(), reason="this Triton has no Gluon")
-
 
 @pytest.fixture
-def host(monkeypatch):
-    from fox_kernel.ops.gluon import host
-
-    monkeypatch.setattr(host, "_PLANS", {})
-    monkeypatch.setattr(host, "PLANS", True)
-    return host
+def host(gluon_host):
+    return gluon_host
 
 
 @pytest.fixture
