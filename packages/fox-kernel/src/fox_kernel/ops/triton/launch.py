@@ -304,7 +304,7 @@ def _grid3(grid) -> tuple[int, int, int]:
 
 
 # Recording and replaying launches: a host function whose launches are a function of a key it computes (the
-# shapes, strides and options of its call; ``gluon/host.py``'s forward) records them once through ``run``
+# shapes, strides and options of its call: ``gluon/host.py``'s forward and backward) records them once through ``run``
 # and then replays them with each later call's tensors put in their places, skipping its own Python, the
 # binding and the specialisation key of every launch. ``run`` records a launch only where it went through
 # the compiled kernel's launcher with a key at least as fine as Triton's (a None marks any other launch, so
