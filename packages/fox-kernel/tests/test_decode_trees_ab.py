@@ -1,7 +1,8 @@
 """benchmarks/decode_trees_ab.py, pruning_trees_ab.py and attention_trees_ab.py: the decoding reference is the
 decoding call's result, bad arguments stop each script in one line, --cpu runs the worker processes on that
 CPU alone, and attention_trees_ab's table is made of the right rounds' medians. Also launch_groups_ab's
-settings: set for the call timed, restored after it; eager_pruned_forward.py stops in one line without a GPU."""
+settings: set for the call timed, restored after it; eager_pruned_forward.py stops in one line without a GPU;
+launch_groups_ab.py and plans_ab.py stop in one line on a bad --rounds or without a GPU."""
 
 from __future__ import annotations
 
@@ -86,15 +87,16 @@ def test_launch_groups_settings_are_restored(benchmark_script):
     assert tiles.HEAD_GROUPS == {} and tiles.PERSISTENT["fwd"]
 
 
+@pytest.mark.parametrize("script", ["launch_groups_ab", "plans_ab"])
 @pytest.mark.parametrize("argv,message", [(["--rounds", "0"], "--rounds must be at least 1, got 0"),
-                                          ([], "launch_groups_ab.py needs a CUDA GPU")])
-def test_launch_groups_bad_arguments_stop_in_one_line(monkeypatch, argv, message, benchmark_script):
+                                          ([], "{script}.py needs a CUDA GPU")])
+def test_ab_scripts_bad_arguments_stop_in_one_line(monkeypatch, script, argv, message, benchmark_script):
     if not argv and torch.cuda.is_available():
         pytest.skip("the GPU check needs a machine without one")
-    monkeypatch.setattr(sys, "argv", ["launch_groups_ab.py", *argv])
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", *argv])
     with pytest.raises(SystemExit) as stop:
-        benchmark_script("launch_groups_ab").main()
-    assert str(stop.value) == message
+        benchmark_script(script).main()
+    assert str(stop.value) == message.format(script=script)
 
 
 def test_eager_pruned_forward_without_a_gpu_stops_in_one_line(monkeypatch, benchmark_script):
