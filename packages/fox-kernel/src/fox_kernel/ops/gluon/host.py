@@ -47,8 +47,8 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     if not PLANS or not launch.replayable():
         return _forward(q, k, v, log_fgate, call, fixed)[0]
     inputs = dict(q=q, k=k, v=v, log_fgate=log_fgate, call_threshold=call.threshold)
-    key = ("forward", _layout(q, k, v, log_fgate), call.sm_scale, call.auto_log_eps, call.zero_gates, fixed,
-           _layout(call.threshold))
+    key = ("forward", _layout(q, k, v, log_fgate, call.threshold), call.sm_scale, call.auto_log_eps, call.zero_gates,
+           fixed)
     plan = _PLANS.get(key)
     if plan is None:
         with _recording() as (launches, taken):
@@ -233,7 +233,7 @@ def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
     if one_pass or not PLANS or not launch.replayable():
         return _backward(do, q, k, v, c, lse, out, call, one_pass)[0]
     inputs = dict(do=do, q=q, k=k, v=v, c=c, lse=lse, out=out, call_threshold=call.threshold)
-    key = ("backward", _layout(do, q, k, v, c, lse, out), call.sm_scale, _layout(call.threshold))
+    key = ("backward", _layout(do, q, k, v, c, lse, out, call.threshold), call.sm_scale)
     plan = _PLANS.get(key)
     if plan is None:
         with _recording() as (launches, taken):

@@ -283,8 +283,7 @@ def run(kernel, grid, *args, **kwargs) -> None:
             compiled = compiled.result()
         if compiled is not None:
             _COMPILED[key] = compiled
-        _record(None if compiled is None or _COMPILED.get(key) is not compiled else
-                Recorded(kernel, compiled, _grid3(grid), values))
+        _record(None if compiled is None else Recorded(kernel, compiled, _grid3(grid), values))
         return
     grid3 = _grid3(grid)
     try:
