@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fox_kernel import forgetting_attention
+from fox_kernel.reference import forgetting_attention_ref
 from fox_kernel.testing import random_log_fgate
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -59,3 +60,46 @@ def test_long_context_precision_matches_short():
     short = _rel_error_vs_float64(4096)
     long = _rel_error_vs_float64(65536)
     assert long <= 1.5 * short + 1e-4, (short, long)
+
+
+def _ends_errors(T, H=33, D=64, rows=192, window=3000):
+    """Relative errors of the output and all four gradients at the first and the last ``rows`` positions of
+    one length-T sequence, each against float64 on a slice of ``rows + window`` positions at its end.
+
+    The slices are all the float64 answer needs (``do`` is random everywhere). At the first positions: their
+    outputs see only earlier keys, and their keys' and gates' gradients come from queries at most ``window``
+    past them. At the last: every gradient there comes from queries among them and keys before them. In both,
+    the gates' log decay across the ``window`` positions beside the compared ones is checked below -800, so
+    every query or key left out has a weight that float64 rounds to exactly 0 against those kept."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    lf = random_log_fgate((1, T, H), device="cuda").requires_grad_()
+    do = torch.randn(1, T, H, D, device="cuda", dtype=torch.bfloat16)
+    out = forgetting_attention(q, k, v, lf)
+    grads = torch.autograd.grad(out, (q, k, v, lf), do)
+    ends = {"first": (slice(0, rows), slice(0, rows + window), slice(rows, rows + window)),
+            "last": (slice(T - rows, T), slice(T - rows - window, T), slice(T - rows - window, T - rows))}
+    ours = {end: [x[0, kept].double() for x in (out.detach(), *grads)] for end, (kept, _, _) in ends.items()}
+    del out, grads
+
+    errors = {}
+    for end, (kept, piece, beside) in ends.items():
+        assert lf[0, beside].double().sum(0).max().item() < -800
+        sliced = [x.detach()[:, piece].double().requires_grad_() for x in (q, k, v, lf)]
+        exact_out = forgetting_attention_ref(*sliced)
+        exact = [exact_out.detach(), *torch.autograd.grad(exact_out, sliced, do[:, piece].double())]
+        at = slice(kept.start - piece.start, kept.stop - piece.start)
+        for name, a, b in zip(("out", "dq", "dk", "dv", "dlog_fgate"), ours[end], exact):
+            errors[f"{name}, {end} positions"] = ((a - b[0, at]).norm() / b[0, at].norm()).item()
+    return errors
+
+
+def test_a_million_tokens_past_int32_offsets_match_float64_as_a_short_sequence_does():
+    # T*H*D = 2,214,670,656 elements per tensor, past 2^31: the kernels' offsets must be int64. The prefix
+    # sums reach about -367,000 at the last positions, where float32 would keep 1/32 of a unit, and the gate
+    # gradient at the first positions is a suffix sum over a million positions
+    short = _ends_errors(8192 + 37)
+    long = _ends_errors(2**20 + 37)
+    print("relative error, T = 8,229 / 1,048,613:", {name: f"{short[name]:.2e} / {long[name]:.2e}" for name in short})
+    for name in short:
+        assert long[name] <= 1.5 * short[name] + 1e-4, (name, short, long)
