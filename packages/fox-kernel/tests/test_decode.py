@@ -78,6 +78,51 @@ def test_preallocated_cache_with_per_row_lengths(device_dtype, Tq):
 
 
 @pytest.mark.parametrize("device_dtype", DEVICES)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_a_batch_past_the_grid_limit_decodes_in_parts(device_dtype, paged, monkeypatch):
+    """(sequence, KV head) pairs past the programs CUDA allows on a grid's second axis
+    (``launch.MAX_GRID_YZ``, 65,535, lowered here to 64, which 3 rows x 24 KV heads pass): the Triton kernel
+    decodes the batch in parts of 2 rows (``launch.run`` refuses any launch past the limit), with rows of
+    different lengths, left padding and GQA; vs the float64 reference."""
+    device, dtype = device_dtype
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fox_kernel import append_to_paged_cache, gate_cache
+    from fox_kernel.ops.triton import launch
+
+    monkeypatch.setattr(launch, "MAX_GRID_YZ", 64)
+    B, Tmax, H, Hkv, D, Tq = 3, 100, 48, 24, 16, 5
+    lengths, seq_start = [100, 57, 31], torch.tensor([0, 4, 0])
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tmax, Hkv, D, generator=g)
+    v = torch.randn(B, Tmax, Hkv, D, generator=g)
+    lf = random_log_fgate((B, Tmax, H), generator=g)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    if paged:  # 12 pages of 32 tokens, 4 a row, shuffled
+        table = torch.randperm(12, generator=g).view(B, 4).to(device, torch.int32)
+        kc = torch.zeros(12, 32, Hkv, D, device=device, dtype=dtype)
+        vc, cc = torch.zeros_like(kc), torch.zeros(12, 32, H, device=device)
+        start = torch.zeros(B, dtype=torch.int32, device=device)
+        append_to_paged_cache(kc, vc, cc, table, start, k.to(device, dtype), v.to(device, dtype), lf.to(device),
+                              seq_start=seq_start.to(device))
+        out = forgetting_attention_with_kvcache(q.to(device, dtype), kc, vc, cc, lens, seq_start=seq_start.to(device),
+                                                block_table=table)
+    else:
+        kc, vc = k.to(device, dtype), v.to(device, dtype)
+        cc = gate_cache(B, Tmax, H, device)
+        cc.copy_(append_to_cache(None, None, None, k, v, lf, seq_start=seq_start)[2])
+        out = forgetting_attention_with_kvcache(q.to(device, dtype), kc, vc, cc, lens, seq_start=seq_start.to(device))
+    for b, L in enumerate(lengths):
+        qb = torch.zeros(1, L, H, D, dtype=torch.float64)
+        qb[:, L - Tq:] = q[b:b + 1].double()
+        ref = forgetting_attention_ref(qb, k[b:b + 1, :L].double(), v[b:b + 1, :L].double(), lf[b:b + 1, :L].double(),
+                                       seq_start=seq_start[b:b + 1])[:, L - Tq:]
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(out[b:b + 1].double().cpu(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("device_dtype", DEVICES)
 @pytest.mark.parametrize("page_size", [16, 5, 128])
 def test_paged_cache_equals_contiguous_decoding(device_dtype, page_size):
     """Pages in a shuffled pool, rows of different lengths, GQA, left padding, prefill then steps: the

@@ -195,6 +195,38 @@ def test_fixed_bound_per_row_under_fast_decay(device_dtype, rows):
     torch.testing.assert_close(lse.double(), want, rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["3 rows", "4 packed sequences"])
+def test_grids_past_the_axis_limit_launch_otherwise(device_dtype, varlen, monkeypatch):
+    """(row, head) pairs past the programs CUDA allows on a grid's second axis (``launch.MAX_GRID_YZ``,
+    65,535, lowered here to 5, which 3 rows or 4 packed sequences of 4 heads pass): the attention passes
+    take the other axis order and the local sums and row dots launch in parts of rows, and forward and
+    backward stay as close to float64 as ever. ``launch.run`` refuses any launch past the limit, so none
+    of this call's launches did."""
+    device, dtype = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("the grids are the Triton kernels'")
+    from fox_kernel.ops.triton import launch
+
+    monkeypatch.setattr(launch, "MAX_GRID_YZ", 5)
+    options = KernelOptions(gluon=False)  # the Gluon passes' grids are one-dimensional
+    if varlen:
+        cu = torch.tensor([0, 7, 27, 28, 41], dtype=torch.int32, device=device)
+        _check(device, dtype, 1, 41, 41, 4, 2, 16, options=options, cu_seqlens=cu)
+    else:
+        _check(device, dtype, 3, 37, 37, 4, 2, 16, options=options)
+
+
+def test_a_launch_past_the_grid_limit_is_refused_naming_the_kernel():
+    from fox_kernel.ops.triton import launch, sums
+
+    launch.check_grid(sums._delta_kernel, (70000, 65535, 1))
+    with pytest.raises(ValueError, match=r"^_delta_kernel: launch grid \(1, 65536\) passes the 65,535 programs "
+                                         r"that CUDA allows on grid axes 1 and 2$"):
+        launch.check_grid(sums._delta_kernel, (1, 65536))
+    assert launch.grid("dq", 70000, 3, order="blocks") == ((70000, 3), True)
+    assert launch.grid("dq", 12, 3, order="blocks") == ((3, 12), False)
+
+
 def test_varlen_equals_each_sequence_alone(device_dtype):
     device, dtype = device_dtype
     # Packed batches take the pointer loads; the single sequences must too for a bit-exact comparison

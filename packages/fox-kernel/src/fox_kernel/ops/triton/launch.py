@@ -134,6 +134,21 @@ def descriptors(tensors, block_rows, cfg, tma):
     return [TensorDescriptor(x, list(x.shape), list(x.stride()), [1, block_rows, 1, cfg["BLOCK_D"]]) for x in tensors]
 
 
+MAX_GRID_YZ = 65535
+"""CUDA's limit on a launch grid's second and third axes (the first takes up to 2^31 - 1 programs). ``run``
+refuses a grid past it in one line; the launchers keep within it by choosing the axes (``grid``) or by
+launching rows in parts (``sums.local_sums``, ``sums.delta``, ``decode.decode_eager``). Tests lower it to
+reach those paths on small shapes."""
+
+
+def check_grid(kernel, grid) -> None:
+    """Raises ValueError, naming the kernel, where a tuple grid passes ``MAX_GRID_YZ`` on axis 1 or 2."""
+    if len(grid) > 1 and max(grid[1:]) > MAX_GRID_YZ:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
+        raise ValueError(f"{name}: launch grid {tuple(grid)} passes the {MAX_GRID_YZ:,} programs that CUDA allows "
+                         "on grid axes 1 and 2")
+
+
 def grid(kind, n_heads, n_blocks, order=None, head_dim=128, group=1):
     """Grid and launch order of a pass (see common.block_and_head): ``order`` "heads" or "blocks", None for
     the measured default. Measured on an H200 (T=16k/8k): the forward gains from all heads' heaviest
@@ -146,6 +161,8 @@ def grid(kind, n_heads, n_blocks, order=None, head_dim=128, group=1):
         heads = (kind == "fwd" and (head_dim <= 64 or group > 1)) or (kind == "dkdv" and group > 1 and head_dim > 64)
         order = "heads" if heads else "blocks"
     heads_first = order == "heads"
+    if (n_blocks if heads_first else n_heads) > MAX_GRID_YZ:  # the other axis order fits where this one does not
+        heads_first = not heads_first
     return ((n_heads, n_blocks) if heads_first else (n_blocks, n_heads)), heads_first
 
 
@@ -260,6 +277,8 @@ def run(kernel, grid, *args, **kwargs) -> None:
     appended to its list, as a ``Recorded`` or, where it went through Triton's own path, as None."""
     global CACHED
     kwargs = {**LAUNCH_OPTIONS, **kwargs}
+    if not callable(grid):
+        check_grid(kernel, grid)
     if not CACHED or INTERPRET:
         kernel[grid](*args, **kwargs)
         _record(None)

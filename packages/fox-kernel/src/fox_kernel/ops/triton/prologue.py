@@ -38,7 +38,7 @@ from fox_kernel.pruning import head_bound
 def _grid(blocks: int, programs: int):
     """(grid, BLOCKS_FIRST) of ``blocks`` blocks for each of ``programs`` (row, head) pairs: the larger count
     on grid axis 0 (up to 2^31 - 1 programs), the other on axis 1 (up to 65,535)."""
-    if max(min(blocks, programs), 1) > 65535:
+    if max(min(blocks, programs), 1) > launch.MAX_GRID_YZ:
         raise ValueError(f"{programs} (row, head) pairs of {blocks} blocks each pass the launch grid's limits")
     return ((blocks, programs), True) if blocks >= programs else ((programs, blocks), False)
 

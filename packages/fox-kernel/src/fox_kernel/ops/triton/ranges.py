@@ -211,7 +211,7 @@ def kept_ranges_pair(c, seq_start, cu_seqlens, threshold, n_rows, H, Tq, Tk, t_m
     n_keys, n_queries = table_columns(keys), table_columns(queries)
     kb, qb = key_blocks or query_blocks, query_blocks or key_blocks
     if blocks_first is None:
-        blocks_first = n_keys + n_queries > 65535
+        blocks_first = n_keys + n_queries > launch.MAX_GRID_YZ
     if n_rows * H and n_keys + n_queries:
         grid = (n_keys + n_queries, n_rows * H) if blocks_first else (n_rows * H, n_keys + n_queries)
         launch.run(_kept_range_kernel, grid,
