@@ -68,12 +68,18 @@ def test_preallocated_cache_with_per_row_lengths(device_dtype, Tq):
     out = forgetting_attention_with_kvcache(
         q.to(device, dtype), k.to(device, dtype), v.to(device, dtype), c.to(device),
         torch.tensor(lengths, dtype=torch.int32, device=device), seq_start=seq_start.to(device))
+    _check_rows_against_reference(out, q, k, v, lf, lengths, seq_start)
+
+
+def _check_rows_against_reference(out, q, k, v, lf, lengths, seq_start):
+    """Each row's decoded ``Tq`` queries, the last of its ``lengths[b]`` tokens, vs the float64 reference."""
+    Tq, H, D = q.shape[1:]
     for b, L in enumerate(lengths):
         qb = torch.zeros(1, L, H, D, dtype=torch.float64)
         qb[:, L - Tq :] = q[b : b + 1].double()
         ref = forgetting_attention_ref(qb, k[b : b + 1, :L].double(), v[b : b + 1, :L].double(), lf[b : b + 1, :L].double(),
                                        seq_start=seq_start[b : b + 1])[:, L - Tq :]
-        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        tol = 1e-4 if out.dtype == torch.float32 else 3e-2
         torch.testing.assert_close(out[b : b + 1].double().cpu(), ref, rtol=tol, atol=tol)
 
 
@@ -113,13 +119,7 @@ def test_a_batch_past_the_grid_limit_decodes_in_parts(device_dtype, paged, monke
         cc = gate_cache(B, Tmax, H, device)
         cc.copy_(append_to_cache(None, None, None, k, v, lf, seq_start=seq_start)[2])
         out = forgetting_attention_with_kvcache(q.to(device, dtype), kc, vc, cc, lens, seq_start=seq_start.to(device))
-    for b, L in enumerate(lengths):
-        qb = torch.zeros(1, L, H, D, dtype=torch.float64)
-        qb[:, L - Tq:] = q[b:b + 1].double()
-        ref = forgetting_attention_ref(qb, k[b:b + 1, :L].double(), v[b:b + 1, :L].double(), lf[b:b + 1, :L].double(),
-                                       seq_start=seq_start[b:b + 1])[:, L - Tq:]
-        tol = 1e-4 if dtype == torch.float32 else 3e-2
-        torch.testing.assert_close(out[b:b + 1].double().cpu(), ref, rtol=tol, atol=tol)
+    _check_rows_against_reference(out, q, k, v, lf, lengths, seq_start)
 
 
 @pytest.mark.parametrize("device_dtype", DEVICES)
