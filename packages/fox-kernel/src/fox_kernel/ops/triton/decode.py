@@ -251,17 +251,17 @@ def decode_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     directly; ``decode``, the custom op around it, is what a compiled decoding step holds."""
     B, Tq, H, D = q.shape
     Hkv = k_cache.shape[2]
-    part = max(1, launch.MAX_GRID_YZ // max(Hkv, 1))
-    if part < B:  # (sequence, KV head) pairs sit on grid axis 1: decode the batch in parts
+    parts = launch.row_parts(B, Hkv)
+    if len(parts) > 1:  # (sequence, KV head) pairs sit on grid axis 1: decode the batch in parts
         paged = block_table is not None
 
-        def rows(x, b0, per_row=True):
-            return x[b0:b0 + part] if x is not None and per_row else x
+        def rows(x, b0, b1, per_row=True):
+            return x[b0:b1] if x is not None and per_row else x
 
-        return torch.cat([decode_eager(rows(q, b0), rows(k_cache, b0, not paged), rows(v_cache, b0, not paged),
-                                       rows(c_cache, b0, not paged), rows(cache_seqlens, b0), rows(seq_start, b0),
-                                       sm_scale, rows(block_table, b0), rows(threshold, b0), window)
-                          for b0 in range(0, B, part)])
+        return torch.cat([decode_eager(rows(q, *p), rows(k_cache, *p, not paged), rows(v_cache, *p, not paged),
+                                       rows(c_cache, *p, not paged), rows(cache_seqlens, *p), rows(seq_start, *p),
+                                       sm_scale, rows(block_table, *p), rows(threshold, *p), window)
+                          for p in parts])
     page_size = k_cache.shape[1]
     Tmax = page_size * block_table.shape[1] if block_table is not None else k_cache.shape[1]
     group = H // Hkv

@@ -137,8 +137,8 @@ def descriptors(tensors, block_rows, cfg, tma):
 MAX_GRID_YZ = 65535
 """CUDA's limit on a launch grid's second and third axes (the first takes up to 2^31 - 1 programs). ``run``
 refuses a grid past it in one line; the launchers keep within it by choosing the axes (``grid``) or by
-launching rows in parts (``sums.local_sums``, ``sums.delta``, ``decode.decode_eager``). Tests lower it to
-reach those paths on small shapes."""
+launching rows in parts (``row_parts``: ``sums.local_sums``, ``sums.delta``, ``decode.decode_eager``).
+Tests lower it to reach those paths on small shapes."""
 
 
 def check_grid(kernel, grid) -> None:
@@ -147,6 +147,13 @@ def check_grid(kernel, grid) -> None:
         name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", str(kernel))
         raise ValueError(f"{name}: launch grid {tuple(grid)} passes the {MAX_GRID_YZ:,} programs that CUDA allows "
                          "on grid axes 1 and 2")
+
+
+def row_parts(n_rows: int, per_row: int) -> list[tuple[int, int]]:
+    """(first, end) ranges of ``n_rows`` rows, each part at most ``MAX_GRID_YZ`` programs of ``per_row`` a
+    row: the parts of a launch whose grid axis 1 counts rows times heads."""
+    step = max(1, MAX_GRID_YZ // max(per_row, 1))
+    return [(r0, min(n_rows, r0 + step)) for r0 in range(0, n_rows, step)]
 
 
 def grid(kind, n_heads, n_blocks, order=None, head_dim=128, group=1):
@@ -306,14 +313,18 @@ def run(kernel, grid, *args, **kwargs) -> None:
         return
     grid3 = _grid3(grid)
     try:
-        compiled.run(*grid3, current_stream(device), compiled.function, compiled.packed_metadata, None, None, None,
-                     *values)
+        _launch(compiled, grid3, current_stream(device), values)
     except TypeError:  # the launcher parses its arguments before it launches anything
         CACHED = False
         kernel[grid](*args, **kwargs)
         _record(None)
         return
     _record(Recorded(kernel, compiled, grid3, values))
+
+
+def _launch(compiled, grid3, stream, values) -> None:
+    """Launches ``compiled`` through its launcher (no launch hooks), its arguments in parameter order."""
+    compiled.run(*grid3, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
 
 
 def _grid3(grid) -> tuple[int, int, int]:
@@ -398,5 +409,4 @@ def replay(launch: Recorded, slots, tensors: dict, stream) -> None:
     values = list(launch.values)
     for i, name in slots:
         values[i] = tensors[name]
-    compiled = launch.compiled
-    compiled.run(*launch.grid, stream, compiled.function, compiled.packed_metadata, None, None, None, *values)
+    _launch(launch.compiled, launch.grid, stream, values)

@@ -173,19 +173,13 @@ def local_sums(c, cu_seqlens, n_rows, t_max, seg, origin=0):
     out = torch.empty_like(c, dtype=torch.float32)  # same strides: the kernels index both alike
     H = c.shape[1]
     t = c.shape[-1] if cu_seqlens is None else t_max  # keys of the longest sequence
-    for r0, r1 in _row_parts(n_rows, H):  # (row, head) pairs on grid axis 1
+    for r0, r1 in launch.row_parts(n_rows, H):  # (row, head) pairs on grid axis 1
         # a part of the batch is a view (same strides), of packed sequences its slice of cu_seqlens
         cc, oo, cu = (c[r0:r1], out[r0:r1], None) if cu_seqlens is None else (c, out, cu_seqlens[r0:r1 + 1])
         launch.run(_local_sums_kernel, (local_sums_grid(t, seg, origin), (r1 - r0) * H), cc, cu, oo,
                    launch.strides(c, 2), H, c.shape[-1], origin, IS_VARLEN=cu_seqlens is not None, SEG=seg,
                    num_warps=4)
     return out
-
-
-def _row_parts(n_rows: int, heads: int):
-    """(first, end) row ranges of at most ``launch.MAX_GRID_YZ`` (row, head) pairs each."""
-    step = max(1, launch.MAX_GRID_YZ // max(heads, 1))
-    return [(r0, min(n_rows, r0 + step)) for r0 in range(0, n_rows, step)]
 
 
 @triton.jit
@@ -222,7 +216,7 @@ def delta(out: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """(B, H, Tq) float32: delta_i = sum_d o_id * do_id, the softmax backward's row term."""
     B, Tq, H, D = out.shape
     result = torch.empty(B, H, Tq, dtype=torch.float32, device=out.device)
-    for b0, b1 in _row_parts(B, H):  # (row, head) pairs on grid axis 1
+    for b0, b1 in launch.row_parts(B, H):  # (row, head) pairs on grid axis 1
         launch.run(_delta_kernel, (launch.cdiv(Tq, DELTA_ROWS), (b1 - b0) * H), out[b0:b1], do[b0:b1],
                    result[b0:b1], launch.strides(out), launch.strides(do), H, Tq, D, BLOCK_M=DELTA_ROWS,
                    BLOCK_D=launch.block_d(D))
