@@ -506,6 +506,29 @@ def test_max_row_norms_and_auto_bound(device_dtype):
         torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_row_norms_past_the_grid_limit_take_several_blocks_a_program(device_dtype, monkeypatch):
+    """Past CUDA's limit on grid axis 1 (``launch.MAX_GRID_YZ``, lowered to 2 here: 5 blocks of rows) a
+    program of the norms kernel takes every second block: the same maxima and per-row norms, bit for bit."""
+    device, dtype = device_dtype
+    if device.type == "cpu" and not INTERPRET:
+        pytest.skip("the Triton reduction runs on CUDA or in the interpreter")
+    from fox_kernel.ops.triton import launch
+    from fox_kernel.ops.triton.norms import NORM_ROWS, max_sq_row_norms
+
+    g = torch.Generator().manual_seed(11)
+    T = 4 * NORM_ROWS + 9
+    x = (torch.randn(2, T, 3, 24, generator=g) * torch.rand(2, T, 3, 1, generator=g) * 4).to(device, dtype)
+    y = (torch.randn(2, T - 70, 2, 24, generator=g) * 3).to(device, dtype)
+    x[1, 4 * NORM_ROWS + 2, 1] *= 9  # the largest norm of a row in the last block, which a program reaches second
+    whole = max_sq_row_norms(x, y), max_sq_row_norms(x[1:], per_row=True)
+    monkeypatch.setattr(launch, "MAX_GRID_YZ", 2)
+    parts = max_sq_row_norms(x, y), max_sq_row_norms(x[1:], per_row=True)
+    for a, b in zip([*whole[0], whole[1]], [*parts[0], parts[1]]):
+        assert torch.equal(a, b)
+    want = torch.linalg.vector_norm(x.double(), dim=-1).amax(dim=1) ** 2
+    torch.testing.assert_close(parts[0][0].double(), want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_local_prefix_sums(device_dtype, varlen):
     """The float32 tile-local sums the kernels read: (c_p - c_a) * log2(e), a = start of p's tile,

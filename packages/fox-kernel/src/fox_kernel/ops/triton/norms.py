@@ -54,14 +54,16 @@ def max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, 
 
 
 @triton.jit
-def _max_sq_norm_kernel(X, Y, OUT_X, OUT_Y, x_strides, y_strides, HX, HY, TX, TY, D,
+def _max_sq_norm_kernel(X, Y, OUT_X, OUT_Y, x_strides, y_strides, HX, HY, TX, TY, D, n_blocks,
                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr):
-    """``max_sq_norm_block`` per program: (row, head) on grid axis 0 (heads fastest: neighbouring programs
-    read neighbouring memory), row blocks on axis 1."""
+    """``max_sq_norm_block`` per program and block of rows: (row, head) on grid axis 0 (heads fastest:
+    neighbouring programs read neighbouring memory), row blocks on axis 1. Axis 1 has one program per block
+    up to CUDA's limit on it; past that a program takes every ``num_programs(1)``-th of the ``n_blocks``."""
     sxb, sxt, sxh = x_strides
     syb, syt, syh = y_strides
-    max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, tl.program_id(0), tl.program_id(1), HX, HY,
-                      TX, TY, D, BLOCK_T, BLOCK_D, PER_ROW)
+    for pid_t in range(tl.program_id(1), n_blocks, tl.num_programs(1)):
+        max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, tl.program_id(0), pid_t, HX, HY,
+                          TX, TY, D, BLOCK_T, BLOCK_D, PER_ROW)
 
 
 NORM_ROWS = 64
@@ -134,9 +136,10 @@ def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None, per_row: bo
     out_x, out_y = norm_outputs(x, y, per_row)
     y_ = y if y is not None else x
     if max(TX, TY) > 0 and B > 0:
+        n_blocks = launch.cdiv(max(TX, TY), NORM_ROWS)
         launch.run(
-            _max_sq_norm_kernel, (B * (HX + HY), launch.cdiv(max(TX, TY), NORM_ROWS)),
-            x, y_, out_x, out_y, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, BLOCK_T=NORM_ROWS,
+            _max_sq_norm_kernel, (B * (HX + HY), min(n_blocks, launch.MAX_GRID_YZ)),
+            x, y_, out_x, out_y, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, n_blocks, BLOCK_T=NORM_ROWS,
             BLOCK_D=launch.block_d(D), PER_ROW=per_row, num_warps=4,
         )
     return (out_x, out_y) if y is not None else out_x
