@@ -1,4 +1,4 @@
-"""GPU-only properties: bit-reproducible gradients and long-context precision."""
+"""GPU-only properties: bit-reproducible gradients and long-context precision and launches."""
 
 import pytest
 import torch
@@ -103,3 +103,22 @@ def test_a_million_tokens_past_int32_offsets_match_float64_as_a_short_sequence_d
     print("relative error, T = 8,229 / 1,048,613:", {name: f"{short[name]:.2e} / {long[name]:.2e}" for name in short})
     for name in short:
         assert long[name] <= 1.5 * short[name] + 1e-4, (name, short, long)
+
+
+def test_row_norms_of_more_rows_than_one_grid_axis_holds():
+    """4.3M tokens: more blocks of rows than CUDA's 65,535 programs on grid axis 1, so programs of the norms
+    kernel take several blocks each; the maxima and every row's norm match PyTorch's float32 sums."""
+    from fox_kernel.ops.triton import launch
+    from fox_kernel.ops.triton.norms import NORM_ROWS, max_sq_row_norms
+
+    T = launch.MAX_GRID_YZ * NORM_ROWS + 105_767
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1, T, 3, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    x[0, T - 5, 2] *= 7  # the largest norm in the last block, past the first pass of axis 1
+    y = torch.randn(1, T // 2, 2, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows = x[0].float().pow(2).sum(-1)
+    nx, ny = max_sq_row_norms(x, y)
+    torch.testing.assert_close(nx[0], rows.amax(0), rtol=1e-5, atol=0)
+    torch.testing.assert_close(ny[0], y[0].float().pow(2).sum(-1).amax(0), rtol=1e-5, atol=0)
+    assert nx[0, 2] > 5 * nx[0, 1]
+    torch.testing.assert_close(max_sq_row_norms(x, per_row=True), rows, rtol=1e-5, atol=1e-5)
