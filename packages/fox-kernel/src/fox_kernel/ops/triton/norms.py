@@ -55,15 +55,20 @@ def max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, 
 
 @triton.jit
 def _max_sq_norm_kernel(X, Y, OUT_X, OUT_Y, x_strides, y_strides, HX, HY, TX, TY, D, n_blocks,
-                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr):
-    """``max_sq_norm_block`` per program and block of rows: (row, head) on grid axis 0 (heads fastest:
-    neighbouring programs read neighbouring memory), row blocks on axis 1. Axis 1 has one program per block
-    up to CUDA's limit on it; past that a program takes every ``num_programs(1)``-th of the ``n_blocks``."""
+                        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr, STRIDED: tl.constexpr):
+    """``max_sq_norm_block`` per program: (row, head) on grid axis 0 (heads fastest: neighbouring programs
+    read neighbouring memory), row blocks on axis 1. STRIDED (more than the ``n_blocks`` CUDA allows on axis
+    1): a program takes every ``num_programs(1)``-th block; without it the kernel has no loop (a loop cost
+    2% of GPU time at T=16k on an H200, benchmarks/norms-grid-loop-ab-h200-2026-11-29.json)."""
     sxb, sxt, sxh = x_strides
     syb, syt, syh = y_strides
-    for pid_t in range(tl.program_id(1), n_blocks, tl.num_programs(1)):
-        max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, tl.program_id(0), pid_t, HX, HY,
-                          TX, TY, D, BLOCK_T, BLOCK_D, PER_ROW)
+    if STRIDED:
+        for pid_t in range(tl.program_id(1), n_blocks, tl.num_programs(1)):
+            max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, tl.program_id(0), pid_t, HX, HY,
+                              TX, TY, D, BLOCK_T, BLOCK_D, PER_ROW)
+    else:
+        max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, tl.program_id(0), tl.program_id(1), HX,
+                          HY, TX, TY, D, BLOCK_T, BLOCK_D, PER_ROW)
 
 
 NORM_ROWS = 64
@@ -140,7 +145,7 @@ def max_sq_row_norms(x: torch.Tensor, y: torch.Tensor | None = None, per_row: bo
         launch.run(
             _max_sq_norm_kernel, (B * (HX + HY), min(n_blocks, launch.MAX_GRID_YZ)),
             x, y_, out_x, out_y, launch.strides(x), launch.strides(y_), HX, HY, TX, TY, D, n_blocks, BLOCK_T=NORM_ROWS,
-            BLOCK_D=launch.block_d(D), PER_ROW=per_row, num_warps=4,
+            BLOCK_D=launch.block_d(D), PER_ROW=per_row, STRIDED=n_blocks > launch.MAX_GRID_YZ, num_warps=4,
         )
     return (out_x, out_y) if y is not None else out_x
 
