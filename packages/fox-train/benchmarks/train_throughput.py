@@ -292,10 +292,10 @@ def main():
             if "error" in r:
                 print(f"{r['model']:46s} {size:5s} {r['error']}")
                 continue
-            ratio = r["tokens_per_s"] / base if base else float("nan")
+            ratio = f"{r['tokens_per_s'] / base:.2f}" if base else "-"  # "-": the reference did not run
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
             name = r["model"] + (" (checkpointing)" if r.get("checkpointing") and not args.checkpointing else "")
-            print(f"{name:46s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:23.2f}")
+            print(f"{name:46s} {size:5s} {r['tokens_per_s']:10,.0f} {mfu:>6s} {r['peak_mem_gib']:9.1f} {ratio:>23s}")
     if args.baselines:
         print("\nours against flash-linear-attention's model of the same config (tokens/s ratio, peak memory ratio):")
         by_name = {(r["model"], r["size"]): r for r in rows if "tokens_per_s" in r}
