@@ -30,7 +30,9 @@ newest then keep the precision of small numbers at any length, as within one chu
 is exact for every cached sum within a factor of 2 of it; the others, rounded more coarsely, belong to keys
 at least half a step of decay from the newest (a weight below e^-32 of its weight). A paged row that already
 holds tokens continues from its last sum without a shift (moving every page of the row in each step would
-cost a pass over the cache), so its newest sums drift by the gates of the tokens appended since. Float64
+cost a pass over the cache), so its newest sums drift by the gates of the tokens appended since: 64k tokens
+of fast gates appended one at a time, as a static cache grows while generating, read 4.3e-4 relative error
+against 9.3e-7 for the same cache filled at once, well below bf16's 3.9e-3 (``test_decode.py``). Float64
 q/k/v (which run the PyTorch path in float64) get the decay term to float32 accuracy, not float64's.
 
 Indices: lengths, starts and page indices are checked for CPU tensors (reading a CUDA tensor waits for
