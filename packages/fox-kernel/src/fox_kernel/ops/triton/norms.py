@@ -57,9 +57,9 @@ def max_sq_norm_block(X, Y, OUT_X, OUT_Y, sxb, sxt, sxh, syb, syt, syh, pid_bh, 
 def _max_sq_norm_kernel(X, Y, OUT_X, OUT_Y, x_strides, y_strides, HX, HY, TX, TY, D, n_blocks,
                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PER_ROW: tl.constexpr, STRIDED: tl.constexpr):
     """``max_sq_norm_block`` per program: (row, head) on grid axis 0 (heads fastest: neighbouring programs
-    read neighbouring memory), row blocks on axis 1. STRIDED (more than the ``n_blocks`` CUDA allows on axis
-    1): a program takes every ``num_programs(1)``-th block; without it the kernel has no loop (a loop cost
-    2% of GPU time at T=16k on an H200, benchmarks/norms-grid-loop-ab-h200-2026-11-29.json)."""
+    read neighbouring memory), row blocks on axis 1. STRIDED (``n_blocks`` past the programs CUDA allows on
+    axis 1): a program takes every ``num_programs(1)``-th block; without it the kernel has no loop (a loop
+    cost 2% of GPU time at T=16k on an H200, benchmarks/norms-grid-loop-ab-h200-2026-11-29.json)."""
     sxb, sxt, sxh = x_strides
     syb, syt, syh = y_strides
     if STRIDED:
