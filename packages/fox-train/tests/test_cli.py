@@ -71,6 +71,11 @@ def test_multirun_sweep_writes_one_run_directory_per_job(tmp_path):
 def test_errors_are_one_line(tmp_path):
     with pytest.raises(SystemExit, match=r"^fox-train: bad configuration: In 'config': Could not find 'model/nope'$"):
         main(["model=nope"])
+    # an experiment that does not exist is refused, not skipped (the default run would train instead)
+    with pytest.raises(SystemExit, match=r"^fox-train: bad configuration: .*Could not find 'experiment/repro/nope'$"):
+        main(["experiment=repro/nope"])
+    with pytest.raises(SystemExit, match=r"^fox-train: Only one of --run, --multirun, --cfg"):
+        main(["-m", "optimizer.lr=1e-3,2e-3", "--cfg", "job"])
     with pytest.raises(SystemExit, match=r"^fox-train: bad configuration: Error merging override model.state_size=abc: Value 'abc'"):
         main(["model.state_size=abc"])
     with pytest.raises(SystemExit, match=r"^fox-train: model.state_size is not a field of fox-pro-tiny"):

@@ -347,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"fox-train: bad configuration: {_one_line(e)}") from None
     except OSError as e:  # Hydra cannot make the run directory or write its log
         raise SystemExit(f"fox-train: {e}") from None
+    except ValueError as e:  # Hydra's own checks of its flags (-m with --cfg, say); a job's are RunErrors
+        raise SystemExit(f"fox-train: {_one_line(e)}") from None
     except KeyboardInterrupt:  # outside the training steps (which save a checkpoint first), or a second Ctrl-C
         print("fox-train: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
