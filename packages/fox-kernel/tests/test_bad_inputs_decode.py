@@ -38,6 +38,16 @@ def _paged(device="cpu", dtype=torch.float32, seed=1):
     return to(q).to(dtype), to(kc).to(dtype), to(vc).to(dtype), to(cc), to(table), to(lens)
 
 
+_KERNEL_DEVICES = [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def _kernel_device(device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if device == "cpu" and not INTERPRET:
+        pytest.skip("the Triton kernel on the CPU runs through the interpreter only (TRITON_INTERPRET=1)")
+
+
 def test_append_to_cache_refuses_mismatched_new_tokens():
     k, v = torch.randn(1, 2, HKV, D), torch.randn(1, 2, HKV, D)
     gates = random_log_fgate((1, 1, H))
@@ -91,6 +101,11 @@ def test_fill_empty_cache_refuses_caches_it_would_cast_or_cannot_reach():
         ((kc.to("meta"), vc, cc, k, v, gates), ValueError, r"^k_cache must be on cpu like q, got meta$"),
         ((kc, vc, cc, k.tolist(), v, gates), TypeError, r"^k_new must be a torch.Tensor, got list$"),
         ((kc, vc, cc, k, v, gates.double()), TypeError, r"^log_fgate_new must be float32, got torch.float64$"),
+        ((kc, vc, cc, k, None, gates), TypeError, r"^v_new must be a torch.Tensor, got NoneType$"),
+        ((kc, vc.half(), cc, k, v, gates), TypeError, r"^v_cache must have k_cache's dtype torch.float32, got torch.float16$"),
+        ((kc, vc, cc, k, v, gates, torch.tensor([-3, 0, 0])), ValueError, r"^seq_start must be >= 0, got values in \[-3, 0\]$"),
+        ((kc, vc, cc, k, v, gates, torch.tensor([2.5, 0, 0])), TypeError, r"^seq_start must hold integers, got torch.float32$"),
+        ((kc, vc, cc, k, v, gates, torch.tensor([4])), ValueError, r"^seq_start must have shape \(3,\), got \(1,\)$"),
     ]
     for args, error, pattern in cases:
         with pytest.raises(error, match=pattern):
@@ -99,6 +114,39 @@ def test_fill_empty_cache_refuses_caches_it_would_cast_or_cannot_reach():
     lens = fill_empty_cache(kc, vc, cc, k, v, gates)  # the valid call writes the keys as they are
     assert lens.tolist() == [5] * B and torch.equal(kc[:, :5], k) and torch.equal(vc[:, :5], v)
     torch.testing.assert_close(cc[:, :5], torch.cumsum(gates.double(), 1).float(), rtol=0, atol=1e-6)
+
+
+def test_decode_refuses_caches_of_another_dtype_than_q_and_bad_head_counts():
+    """The kernels multiply q with the caches as they are: a K or V cache of another dtype is refused at the
+    call (the Triton kernel failed to compile on it), as are a head dim outside [1, 256] and caches of no
+    heads (``forgetting_attention``'s limits)."""
+    q, k, v, c = _contiguous()
+    with pytest.raises(TypeError, match=r"^k_cache must have q's dtype torch.float32, got torch.float16$"):
+        forgetting_attention_with_kvcache(q, k.half(), v, c)
+    with pytest.raises(TypeError, match=r"^v_cache must have q's dtype torch.float16, got torch.float32$"):
+        forgetting_attention_with_kvcache(q.half(), k.half(), v, c)
+    with pytest.raises(TypeError, match=r"^v_cache must have k_cache's dtype torch.float16, got torch.float32$"):
+        append_to_cache(k.half(), v, c, k[:, :1], v[:, :1], random_log_fgate((B, 1, H)))
+    with pytest.raises(ValueError, match=r"^head dim must be in \[1, 256\], got 0$"):
+        forgetting_attention_with_kvcache(q[..., :0], k[..., :0], v[..., :0], c)
+    wide = torch.randn(B, 12, HKV, 300)
+    with pytest.raises(ValueError, match=r"^head dim must be in \[1, 256\], got 300$"):
+        forgetting_attention_with_kvcache(torch.randn(B, 2, H, 300), wide, wide, c)
+    with pytest.raises(ValueError, match=r"^q's 4 heads must be a multiple of the cache's heads, got Hkv=0$"):
+        forgetting_attention_with_kvcache(q, k[:, :, :0], v[:, :, :0], c)
+
+
+@pytest.mark.parametrize("device", _KERNEL_DEVICES)
+def test_decode_kernel_takes_starts_past_int32_as_all_padding(device):
+    """A start past the cache means a row that is all padding so far (its queries return 0); one past 2^31
+    must not wrap around int32 on its way to the kernel."""
+    _kernel_device(device)
+    q, k, v, c = (x.to(device) for x in _contiguous())
+    starts = torch.tensor([2**32 + 3, 0, 4], device=device)
+    out = forgetting_attention_with_kvcache(q, k, v, c, seq_start=starts)
+    same = forgetting_attention_with_kvcache(q, k, v, c, seq_start=torch.tensor([12, 0, 4], device=device))
+    assert not out[0].any() and out[1:].abs().amax() > 0.1
+    torch.testing.assert_close(out, same, rtol=0, atol=0)
 
 
 def test_decode_arguments_that_are_no_tensors_are_named():
@@ -229,16 +277,6 @@ def test_decode_off_the_host_returns_nan_for_rows_of_bad_pages(monkeypatch):
                                             block_table=table)
     assert out[1].isnan().all()
     torch.testing.assert_close(out[[0, 2]], good[[0, 2]], rtol=0, atol=0)
-
-
-_KERNEL_DEVICES = [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-
-
-def _kernel_device(device):
-    if device == "cuda" and not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    if device == "cpu" and not INTERPRET:
-        pytest.skip("the Triton kernel on the CPU runs through the interpreter only (TRITON_INTERPRET=1)")
 
 
 @pytest.mark.parametrize("device", _KERNEL_DEVICES)

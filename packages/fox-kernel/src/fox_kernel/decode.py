@@ -69,6 +69,8 @@ def _check_cache_tensors(k_cache, v_cache, c_cache, lead: tuple, Hkv: int, D: in
         checks.require_float_dtype(name, x)
         if tuple(x.shape) != (*lead, Hkv, D):
             raise ValueError(f"{name} must have shape {(*lead, Hkv, D)} ({what}), got {tuple(x.shape)}")
+    if v_cache.dtype != k_cache.dtype:  # decoding multiplies both with q as they are
+        raise TypeError(f"v_cache must have k_cache's dtype {k_cache.dtype}, got {v_cache.dtype}")
     if c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (*lead, H):
         raise ValueError(f"c_cache must be float32 of shape {(*lead, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
 
@@ -298,7 +300,8 @@ def fill_empty_cache(
     tokens go to positions 0 .. Tn - 1 of every row, written as slices. The scattered writes of the general
     form ran at a fraction of the memory bandwidth (56 ms of a 1 s prefill of 32 x 16k tokens into a
     12-layer cache, H100). Returns the new ``cache_seqlens`` (B,) int32, all Tn."""
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache), ("k_new", k_new)):
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache), ("c_cache", c_cache), ("k_new", k_new),
+                    ("v_new", v_new), ("log_fgate_new", log_fgate_new)):
         checks.require_tensor(name, x)
     checks.require_same_device(k_new.device, k_cache=k_cache, v_cache=v_cache, c_cache=c_cache, v_new=v_new,
                                log_fgate_new=log_fgate_new, seq_start=seq_start)
@@ -315,6 +318,8 @@ def fill_empty_cache(
                          c_cache.shape[2], "its own")
     if Tn > k_cache.shape[1]:
         raise ValueError(f"the cache holds {k_cache.shape[1]} tokens per row; {Tn} new do not fit")
+    if seq_start is not None:
+        checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
     pos = torch.arange(Tn, device=k_new.device)[None, :]
     k_cache[:, :Tn].copy_(k_new)
     v_cache[:, :Tn].copy_(v_new)
@@ -388,6 +393,9 @@ def _decode_caches(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, block
                                cache_seqlens=cache_seqlens, seq_start=seq_start, block_table=block_table)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         checks.require_float_dtype(name, x)
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):  # the kernels multiply them with q as they are
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
     B, Tq, H, D = q.shape
     if tuple(v_cache.shape) != tuple(k_cache.shape):
         raise ValueError(f"v_cache must have k_cache's shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
@@ -422,8 +430,7 @@ def _decode_caches(q, k_cache, v_cache, c_cache, cache_seqlens, seq_start, block
         raise ValueError(f"q has {Tq} tokens but the cache holds only {T}; append them first")
     if paged is None and (c_cache.dtype != torch.float32 or tuple(c_cache.shape) != (B, T, H)):
         raise ValueError(f"c_cache must be float32 of shape {(B, T, H)}, got {c_cache.dtype} {tuple(c_cache.shape)}")
-    if H % Hkv != 0:
-        raise ValueError(f"q's {H} heads must be a multiple of the cache's heads, got Hkv={Hkv}")
+    checks.check_heads(H, Hkv, D, "the cache")
     if cache_seqlens is not None and (tuple(cache_seqlens.shape) != (B,) or cache_seqlens.dtype != torch.int32):
         raise ValueError(f"cache_seqlens must be int32 of shape ({B},), got {cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
     if seq_start is not None:
@@ -489,7 +496,9 @@ def forgetting_attention_with_kvcache(
         lens = cache_seqlens if cache_seqlens is not None else torch.full((B,), T, dtype=torch.int32, device=q.device)
         k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
         table = None if paged is None else paged.contiguous()
-        starts = None if seq_start is None else seq_start.to(torch.int32).contiguous()
+        # starts past the cache mean all padding and negative ones 0 (as on the PyTorch path): clamped before
+        # the cast, so that no start wraps around int32
+        starts = None if seq_start is None else seq_start.clamp(0, T).to(torch.int32).contiguous()
         # compiling: a custom op that the compiled decoding step calls as it is (it takes the call's fields as
         # primitives, so nothing is built here that the compiler would have to trace); eager: the same
         # function without the op's dispatch, which costs host time on every token

@@ -537,7 +537,7 @@ class ForgettingAttentionLayer(nn.Module):
         if state is not None:
             state.append(k, v, log_fgate, k_shift, v_shift)
             if past > 0:
-                o = forgetting_attention_with_kvcache(q, state.k, state.v, state.c, state.cache_seqlens,
+                o = forgetting_attention_with_kvcache(q.to(state.k.dtype), state.k, state.v, state.c, state.cache_seqlens,
                                                       seq_start=state.held_seq_start, window_size=self.window_size)
             self._drop_outside_window(state)
         o = o.reshape(B, T, self.hidden_size).to(dtype)

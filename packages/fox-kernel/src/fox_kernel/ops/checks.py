@@ -97,6 +97,14 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, batch: int, total: int, value_che
             raise ValueError(f"cu_seqlens must be strictly increasing, got {bounds}")
 
 
+def check_heads(H: int, Hkv: int, D: int, kv: str) -> None:
+    """A head dim in [1, 256] and ``H`` query heads a multiple of the ``Hkv`` heads of ``kv`` (its name)."""
+    if not 1 <= D <= 256:
+        raise ValueError(f"head dim must be in [1, 256], got {D}")
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(f"q's {H} heads must be a multiple of {kv}'s heads, got Hkv={Hkv}")
+
+
 def check_seq_start(seq_start: torch.Tensor, batch: int, t_k: int | None, value_checks: bool) -> None:
     """Integers (batch,) in [0, t_k]; t_k None: no upper bound (a decoding cache whose rows are all padding
     so far, in a chunked prefill of left-padded prompts)."""

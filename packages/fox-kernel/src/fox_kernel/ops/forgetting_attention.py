@@ -250,10 +250,7 @@ def forgetting_attention(
     checks.require_dim("v", v.shape[3], D, "head dim (q's)")
     checks.require_dim("v", v.shape[1], Tk, "length (k's)")
     checks.require_dim("v", v.shape[2], Hkv, "number of heads (k's)")
-    if not 1 <= D <= 256:
-        raise ValueError(f"head dim must be in [1, 256], got {D}")
-    if Hkv == 0 or H % Hkv != 0:
-        raise ValueError(f"q's {H} heads must be a multiple of k/v's heads, got Hkv={Hkv}")
+    checks.check_heads(H, Hkv, D, "k/v")
     if Tq > Tk:
         raise ValueError(f"q must not be longer than k (queries are end-aligned), got Tq={Tq} > Tk={Tk}")
     expected_gates = (B, Tk, H)
