@@ -321,6 +321,22 @@ def test_options_from_the_environment_and_in_a_block():
     for name, bad in (("FOX_KERNEL_FIXED_ROWS", "3"), ("FOX_KERNEL_TMA", "no"), ("FOX_KERNEL_ORDER_DQ", "rows")):
         with pytest.raises(ValueError, match=name):
             KernelOptions.from_env({name: bad})
+    # values of the wrong kind are refused where the options are made, naming the field
+    for kwargs, error, message in (
+        (dict(tma="false"), TypeError, r"^tma must be True or False, got 'false'$"),
+        (dict(check_gates=1), TypeError, r"^check_gates must be True or False, got 1$"),
+        (dict(gluon=None), TypeError, r"^gluon must be True or False, got None$"),
+        (dict(fixed_rows=3), ValueError, r"^fixed_rows must be None or one of \[0, 1, 2\] \(FixedRows\), got 3$"),
+        (dict(fixed_rows=True), ValueError, r"^fixed_rows must be None or one of .* got True$"),
+    ):
+        with pytest.raises(error, match=message):
+            KernelOptions(**kwargs)
+    assert KernelOptions(fixed_rows=2).fixed_rows is FixedRows.TILE_OR_ROW
+    with pytest.raises(TypeError, match=r"^KernelOptions has no field nope; its fields: gluon, backward"):
+        KernelOptions().replace(nope=1)
+    with pytest.raises(TypeError, match=r"^options must be None or a fox_kernel.KernelOptions, got dict$"), \
+            kernel_options({"tma": False}):
+        pass
     before = current_options()
     with kernel_options(backward="fused", tma=False) as inside:
         assert current_options() == inside == before.replace(backward="fused", tma=False)

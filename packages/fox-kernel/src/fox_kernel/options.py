@@ -75,10 +75,17 @@ class KernelOptions:
     PyTorch path instead of the kernels: slower, the same math."""
 
     def __post_init__(self):
+        for name in ("gluon", "fixed_bound", "tma", "check_gates", "torch_path"):
+            if not isinstance(getattr(self, name), bool):  # a string "false" would read as on
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.backward not in BACKWARD_MODES:
             raise ValueError(f"backward must be one of {BACKWARD_MODES}, got {self.backward!r}")
         if self.fixed_rows is not None:
-            object.__setattr__(self, "fixed_rows", FixedRows(self.fixed_rows))
+            rows = self.fixed_rows
+            if isinstance(rows, bool) or not isinstance(rows, int) or rows not in tuple(FixedRows):
+                raise ValueError(f"fixed_rows must be None or one of {[int(r) for r in FixedRows]} (FixedRows), "
+                                 f"got {rows!r}")
+            object.__setattr__(self, "fixed_rows", FixedRows(rows))
         for name in ("order_fwd", "order_dkdv", "order_dq"):
             value = getattr(self, name)
             if value is not None and value not in LAUNCH_ORDERS:
@@ -97,6 +104,10 @@ class KernelOptions:
         return cls(**values)
 
     def replace(self, **changes) -> KernelOptions:
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"KernelOptions has no field {', '.join(unknown)}; its fields: "
+                            f"{', '.join(f.name for f in dataclasses.fields(self))}")
         return dataclasses.replace(self, **changes)
 
     @property
@@ -186,6 +197,8 @@ def kernel_options(options: KernelOptions | None = None, **changes) -> Iterator[
     """Within the block, calls that pass no ``options=`` use ``options`` (default: the current ones) with
     ``changes`` applied, e.g. ``with kernel_options(backward="fused"): ...``. The setting is global to the
     process (not per thread); a backward runs with the options of its forward call."""
+    if options is not None and not isinstance(options, KernelOptions):
+        raise TypeError(f"options must be None or a fox_kernel.KernelOptions, got {type(options).__name__}")
     chosen = (options or current_options()).replace(**changes)
     _overrides.append(chosen)
     try:
