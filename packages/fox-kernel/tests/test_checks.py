@@ -48,6 +48,10 @@ def test_valid_call_works():
         (lambda a: a, {"seq_start": [0, 1]}, TypeError, r"^seq_start must be a torch.Tensor, got list$"),
         (lambda a: a, {"cu_seqlens": [0, 8]}, TypeError, r"^cu_seqlens must be a torch.Tensor, got list$"),
         (lambda a: a, {"options": "fast"}, TypeError, r"^options must be None or a fox_kernel.KernelOptions, got str$"),
+        (lambda a: a, {"head_first": "yes"}, TypeError, r"^head_first must be True or False, got 'yes'$"),
+        # head-first tensors with the gates left (B, T, H): the message speaks the caller's layout
+        (lambda a: (*(x.transpose(1, 2) for x in a[:3]), a[3]), {"head_first": True}, ValueError,
+         r"^log_fgate must have shape \(2, 4, 8\) \(B, H, Tk\), got \(2, 8, 4\)$"),
     ],
 )
 def test_bad_input(mutate, kwargs, error, pattern):

@@ -231,6 +231,8 @@ def forgetting_attention(
     for name, x in (("q", q), ("k", k), ("v", v), ("log_fgate", log_fgate)):
         checks.require_tensor(name, x)
     checks.require_options(options)
+    if not isinstance(head_first, bool):
+        raise TypeError(f"head_first must be True or False, got {head_first!r}")
     layout = "(B, H, T, D)" if head_first else "(B, T, H, D)"
     for name, x in (("q", q), ("k", k), ("v", v)):
         checks.require_rank(name, x, 4, layout)
@@ -253,9 +255,10 @@ def forgetting_attention(
     checks.check_heads(H, Hkv, D, "k/v")
     if Tq > Tk:
         raise ValueError(f"q must not be longer than k (queries are end-aligned), got Tq={Tq} > Tk={Tk}")
-    expected_gates = (B, Tk, H)
-    if tuple(log_fgate.shape) != expected_gates:
-        raise ValueError(f"log_fgate must have shape {expected_gates} (B, Tk, H), got {tuple(log_fgate.shape)}")
+    if tuple(log_fgate.shape) != (B, Tk, H):  # named in the caller's layout
+        want, got = ((B, H, Tk), log_fgate.transpose(1, 2).shape) if head_first else ((B, Tk, H), log_fgate.shape)
+        raise ValueError(f"log_fgate must have shape {want} {'(B, H, Tk)' if head_first else '(B, Tk, H)'}, got "
+                         f"{tuple(got)}")
     value_checks = not torch.compiler.is_compiling()
     if cu_seqlens is not None:
         if seq_start is not None:
