@@ -101,6 +101,22 @@ def test_left_padding_matches_each_row_alone(variant):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("chunks", [[4, 26], [0, 4, 26], [9, 1, 20], [3, 5, 1, 21]])
+def test_chunked_prefill_of_left_padded_rows_matches_the_full_pass(variant, chunks):
+    """A chunked prefill whose first chunks end inside a row's left padding (9 and 26 tokens of it here):
+    those rows are all padding so far, and every chunk's output equals the full pass's."""
+    layer = _layer(variant)
+    seq_start = torch.tensor([0, 9, 26])
+    x = _x(3, sum(chunks))
+    full, _ = layer(x, seq_start=seq_start)
+    state, outs, start = AttentionState(), [], 0
+    for n in chunks:
+        outs.append(layer(x[:, start:start + n], seq_start=seq_start, state=state)[0])
+        start += n
+    _close(torch.cat(outs, dim=1), full)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_packed_varlen_matches_each_sequence_alone(variant):
     layer = _layer(variant)
     lengths = [5, 1, 17, 9]

@@ -530,8 +530,11 @@ class ForgettingAttentionLayer(nn.Module):
             T_k = T if cp is None else T * cp.world_size
             # zero_gates=False: the log gates are logsigmoid of finite logits (or of the fixed biases), never
             # -inf, so the kernel launches none of its passes for gates of exactly 0
+            # the first chunk of a chunked prefill may end before a row's left padding does: its start is
+            # then this chunk's end (all padding, rows of 0), and the state keeps the real one for later chunks
+            first_starts = seq_start if state is None or seq_start is None else seq_start.clamp(max=T)
             o = self.attention_kernel(
-                q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=seq_start, cu_seqlens=cu_seqlens,
+                q, k.to(q.dtype), v.to(q.dtype), log_fgate, seq_start=first_starts, cu_seqlens=cu_seqlens,
                 adaptive_threshold=self.pruning_threshold(T_k), window_size=self.window_size, zero_gates=False,
             )
         if state is not None:
