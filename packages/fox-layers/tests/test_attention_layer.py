@@ -372,10 +372,32 @@ def test_bad_options_are_named():
      "decay_time_min must be a finite number > 0 or None, got -1.0"),  # "math domain error"
     (dict(use_rope=True, rope_base=-1.0), "rope_base must be a finite number > 0, got -1.0"),  # built
     (dict(use_output_norm=True, norm_eps=-1.0), "norm_eps must be a finite number > 0, got -1.0"),  # built
+    # built, then failed at the first forward (RoPE's pairs; the kernel's head dims)
+    (dict(hidden_size=12, use_rope=True), "use_rope rotates pairs of channels: the head dim (hidden_size / num_heads) "
+     "must be even, got 3"),
+    (dict(hidden_size=1200), "hidden_size / num_heads (the head dim) must be in [1, 256], got 300"),
 ])
 def test_sizes_times_bases_and_epsilons_out_of_range_are_one_line(kwargs, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         ForgettingAttentionLayer(**{"hidden_size": 32, "num_heads": 4, **kwargs})
+
+
+@pytest.mark.parametrize("variant", ["llama", "pro_rope_nogate"])
+def test_bad_starts_and_packed_bounds_are_named_before_rope_and_shifts_read_them(variant):
+    """RoPE positions and the token shift read cu_seqlens and seq_start before the kernel checked them: a
+    size mismatch or a negative repeat deep in torch, or a list's missing attribute."""
+    layer = _layer(variant)
+    x = _x(1, 7)
+    for cu, message in ((torch.tensor([0, 5, 9], dtype=torch.int32), "cu_seqlens must start at 0 and end at the packed "
+                         "length 7, got 0..9"),
+                        (torch.tensor([0, 5, 3, 7], dtype=torch.int32), "cu_seqlens must be strictly increasing, got "
+                         "[0, 5, 3, 7]")):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            layer(x, cu_seqlens=cu)
+    with pytest.raises(TypeError, match=r"^seq_start must be a torch.Tensor, got list$"):
+        layer(_x(2, 7), seq_start=[1, 0])
+    with pytest.raises(ValueError, match=r"^seq_start must be >= 0, got values in \[-1, 0\]$"):
+        layer(_x(2, 7), seq_start=torch.tensor([-1, 0]))
 
 
 def test_hidden_states_of_another_width_are_named():

@@ -18,6 +18,7 @@ from fox_kernel import (
     require_window_size,
 )
 from fox_kernel.context_parallel import ContextParallel
+from fox_kernel.ops import checks
 from fox_layers.checks import require_int, require_positive
 from fox_layers.kernels import owned
 from fox_layers.norms import GroupRMSNorm
@@ -263,6 +264,12 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        head_dim = hidden_size // num_heads
+        if not 1 <= head_dim <= 256:  # the kernel's head dims
+            raise ValueError(f"hidden_size / num_heads (the head dim) must be in [1, 256], got {head_dim}")
+        if use_rope and head_dim % 2:
+            raise ValueError(f"use_rope rotates pairs of channels: the head dim (hidden_size / num_heads) must be "
+                             f"even, got {head_dim}")
         if fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
         require_window_size(window_size)
@@ -492,6 +499,15 @@ class ForgettingAttentionLayer(nn.Module):
         B, T, _ = x.shape
         if cu_seqlens is not None and state is not None:
             raise ValueError("cu_seqlens (packed training batches) cannot be combined with a decoding state")
+        # the kernel's checks, before RoPE positions and token shifts read these (values where reading them
+        # costs no wait for the GPU; the kernel reads a CUDA cu_seqlens for its launch and checks it there)
+        for name, given in (("cu_seqlens", cu_seqlens), ("seq_start", seq_start)):
+            if given is not None:
+                checks.require_tensor(name, given)
+        if cu_seqlens is not None:
+            checks.check_cu_seqlens(cu_seqlens, B, T, checks.values_checkable(cu_seqlens))
+        if seq_start is not None:
+            checks.check_seq_start(seq_start, B, None, checks.values_checkable(seq_start))
         cp = self.context_parallel
         if cp is not None and (state is not None or seq_start is not None or output_attentions):
             raise ValueError("a context-parallel layer takes whole sequences split across ranks: no decoding state, "
