@@ -131,6 +131,26 @@ def test_shard_sequence_refuses_lengths_that_do_not_split():
         shard_sequence(torch.zeros(1, 6, 2), 2, 0)
     with pytest.raises(ValueError, match="rank must lie in \\[0, 2\\)"):
         shard_sequence(torch.zeros(1, 8, 2), 2, 2)
+    x = torch.zeros(1, 8, 2)
+    for args, error, message in (
+        ((x, 0, 0), ValueError, r"^world_size must be >= 1, got 0$"),
+        ((x, True, 0), TypeError, r"^world_size must be an int, got True$"),
+        ((x, 2, 1.0), TypeError, r"^rank must be an int, got 1.0$"),
+        ((x, 2, 0, 5), ValueError, r"^dim must be an int in \[-3, 3\) for x of shape \(1, 8, 2\), got 5$"),
+        ((x.tolist(), 2, 0), TypeError, r"^x must be a torch.Tensor, got list$"),
+    ):
+        with pytest.raises(error, match=message):
+            shard_sequence(*args)
+
+
+def test_unshard_sequence_refuses_shards_of_odd_length():
+    """A shard is two chunks of equal length: an odd one would be cut unevenly and the sequence put back out
+    of order (before the all-gather, so no process group is needed to refuse it)."""
+    with pytest.raises(ValueError, match=r"^a shard holds two chunks of equal length: x's length along dim 1 must "
+                                         r"be even, got 5$"):
+        unshard_sequence(torch.zeros(1, 5, 2))
+    with pytest.raises(ValueError, match=r"^dim must be an int in \[-1, 1\) "):
+        unshard_sequence(torch.zeros(4))
 
 
 def test_default_head_groups_fit_the_budget():

@@ -91,9 +91,16 @@ def zigzag_chunks(world_size: int, rank: int) -> tuple[int, int]:
 def shard_sequence(x: torch.Tensor, world_size: int, rank: int, dim: int = 1) -> torch.Tensor:
     """Rank ``rank``'s zigzag shard of a whole sequence ``x`` along ``dim`` (its length a multiple of
     2 * world_size): chunks r and 2N-1-r, concatenated."""
-    T = x.shape[dim]
-    if world_size < 1 or not 0 <= rank < world_size:
+    checks.require_tensor("x", x)
+    for name, n in (("world_size", world_size), ("rank", rank), ("dim", dim)):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{name} must be an int, got {n!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
         raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
+    _check_dim(x, dim)
+    T = x.shape[dim]
     if T % (2 * world_size):
         raise ValueError(f"the sequence length must be a multiple of 2 * world_size = {2 * world_size} along "
                          f"dim {dim}, got {T}")
@@ -143,8 +150,19 @@ def _reduce_scatter(stacked: torch.Tensor, group) -> torch.Tensor:
     return stacked[rank]
 
 
+def _check_dim(x: torch.Tensor, dim) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim()}) for x of shape {tuple(x.shape)}, got {dim!r}")
+
+
 def unshard_sequence(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
-    """The whole sequence from every rank's zigzag shard ``x`` (an all-gather; no gradient)."""
+    """The whole sequence from every rank's zigzag shard ``x`` (an all-gather; no gradient). A shard holds
+    two chunks of equal length, so its length along ``dim`` is even."""
+    checks.require_tensor("x", x)
+    _check_dim(x, dim)
+    if x.shape[dim] % 2:
+        raise ValueError(f"a shard holds two chunks of equal length: x's length along dim {dim} must be even, got "
+                         f"{x.shape[dim]}")
     return _from_rank_order(_all_gather(x, group), dim)
 
 
