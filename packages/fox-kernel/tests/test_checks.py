@@ -59,6 +59,31 @@ def test_bad_input(mutate, kwargs, error, pattern):
         forgetting_attention(*mutate(_ok()), **kwargs)
 
 
+def test_pruning_threshold_names_its_bad_arguments():
+    """The public bound checks what the kernels' calls have checked before they reach it: a tolerance of 0
+    or more (which ``AutoThreshold`` refuses), packed bounds past q's length (which returned fewer rows),
+    head counts that do not divide (a broadcast error deep in torch), a zero key length."""
+    from fox_kernel import pruning_threshold
+
+    q, k, _, _ = _ok(B=1, T=17)
+    rows = torch.tensor([0, 5, 17], dtype=torch.int32)
+    assert pruning_threshold(q, k, 0.25, 17, -10.0, rows=rows).shape == (2, 4)
+    for args, kwargs, error, message in (
+        ((q, k, 0.25, 17, 0.0), {}, ValueError, r"^log_pruning_tolerance must be a finite negative number .*got 0.0$"),
+        ((q, k, 0.25, 17, 5), {}, ValueError, r"^log_pruning_tolerance must be a finite negative number .*got 5$"),
+        ((q, k, 0.25, 17), {"rows": torch.tensor([0, 5, 99], dtype=torch.int32)}, ValueError,
+         r"^cu_seqlens must start at 0 and end at the packed length 17, got 0..99$"),
+        ((q, k[:, :, :1].expand(1, 17, 3, 16), 0.25, 17), {}, ValueError,
+         r"^q's 4 heads must be a multiple of k's heads, got Hkv=3$"),
+        ((q[0], k, 0.25, 17), {}, ValueError, r"^q must have 4 dimensions \(B, T, H, D\), got shape \(17, 4, 16\)$"),
+        ((q.int(), k, 0.25, 17), {}, TypeError, r"^q must be one of "),
+        ((q, k, 0.25, 0), {}, ValueError, r"^t_k must be an int >= 1 \(the key length\), got 0$"),
+        ((q, k, -1.0, 17), {}, ValueError, r"^sm_scale must be None or a finite positive number, got -1.0$"),
+    ):
+        with pytest.raises(error, match=message):
+            pruning_threshold(*args, **kwargs)
+
+
 @pytest.mark.parametrize(
     "cu, pattern",
     [

@@ -73,8 +73,30 @@ def pruning_threshold(q, k, sm_scale, t_k, log_pruning_tolerance=DEFAULT_LOG_TOL
     """The bound from the q/k norms, per (row, head): (B or N, H) float32 (the norms of float64 inputs are
     taken in float64).
 
-    q (B, Tq, H, D), k (B, Tk, Hkv, D); rows: (N+1,) cu_seqlens to bound each packed sequence alone.
+    q (B, Tq, H, D), k (B, Tk, Hkv, D); ``t_k`` the key length the bound counts (an int >= 1);
+    rows: (N+1,) int32 cu_seqlens over q's packed length (B = 1) to bound each packed sequence alone.
+    Bad arguments raise in one line naming them.
     """
+    from fox_kernel.ops import checks  # here: fox_kernel.ops imports this module (through its dispatch)
+
+    for name, x in (("q", q), ("k", k)):
+        checks.require_tensor(name, x)
+        checks.require_rank(name, x, 4, "(B, T, H, D)" if name == "q" else "(B, T, Hkv, D)")
+        checks.require_float_dtype(name, x)
+    checks.require_dim("k", k.shape[0], q.shape[0], "batch size (q's)")
+    checks.require_dim("k", k.shape[3], q.shape[3], "head dim (q's)")
+    checks.check_heads(q.shape[2], k.shape[2], q.shape[3], "k")
+    checks.check_sm_scale(sm_scale)
+    if isinstance(t_k, bool) or not isinstance(t_k, int) or t_k < 1:
+        raise ValueError(f"t_k must be an int >= 1 (the key length), got {t_k!r}")
+    check_log_tolerance(log_pruning_tolerance)
+    if rows is not None:
+        checks.check_cu_seqlens(rows, q.shape[0], q.shape[1], True)
+    return _pruning_threshold(q, k, sm_scale, t_k, log_pruning_tolerance, rows)
+
+
+def _pruning_threshold(q, k, sm_scale, t_k, log_pruning_tolerance, rows):
+    """``pruning_threshold`` on arguments already checked (the kernels' calls)."""
     group = q.shape[2] // k.shape[2]
     if rows is None and q.is_cuda and k.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1:
         # one read of q and k by a Triton reduction (torch's norm over a 64-128 wide axis is ~5x slower),

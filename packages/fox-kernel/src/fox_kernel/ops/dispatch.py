@@ -42,7 +42,7 @@ from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
 from fox_kernel.ops.triton.launch import sm_major
 from fox_kernel.options import INTERPRET, KernelOptions
-from fox_kernel.pruning import bound, pruning_threshold
+from fox_kernel.pruning import _pruning_threshold, bound
 
 
 class Backend(enum.Enum):
@@ -158,7 +158,7 @@ def forward_keeping_sums(q, k, v, log_fgate, call: AttentionCall):
     backend = forward_backend(q, k, call)
     if backend is Backend.TORCH:
         if call.auto_log_eps is not None:  # the chunked twin prunes by the resolved per-head bound
-            threshold = pruning_threshold(q, k, call.sm_scale, k.shape[1], call.auto_log_eps, rows=call.cu_seqlens)
+            threshold = _pruning_threshold(q, k, call.sm_scale, k.shape[1], call.auto_log_eps, call.cu_seqlens)
             call = dataclasses.replace(call, threshold=threshold, auto_log_eps=None)
         out, lse = chunked_forward(q, k, v, log_fgate, call)
         return out.contiguous(), lse, threshold, None
