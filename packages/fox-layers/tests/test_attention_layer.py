@@ -400,6 +400,15 @@ def test_bad_starts_and_packed_bounds_are_named_before_rope_and_shifts_read_them
         layer(_x(2, 7), seq_start=torch.tensor([-1, 0]))
 
 
+@pytest.mark.parametrize("variant", ["llama", "pro"])
+def test_decoding_another_batch_than_the_state_holds_is_named(variant):
+    """With a token shift the mismatch surfaced as a torch.cat size error; without one it named the cache."""
+    layer, state = _layer(variant), AttentionState()
+    layer(_x(2, 7), state=state)
+    with pytest.raises(ValueError, match=r"^hidden_states has 3 rows but the state holds 2 \(one per sequence"):
+        layer(_x(3, 1), state=state)
+
+
 def test_hidden_states_of_another_width_are_named():
     """A tensor concatenation deep in the projections reported the mismatch without naming the input."""
     layer = ForgettingAttentionLayer(32, 4)

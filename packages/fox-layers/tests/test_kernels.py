@@ -59,6 +59,24 @@ def test_norm_gate_refuses_mismatched_weight_and_gate():
         norm_gate(x, torch.ones(5), None, 3, 1e-6)
     with pytest.raises(ValueError, match=r"gate must be shaped like x \(2, 5, 12\), got \(1, 5, 12\)"):
         norm_gate(x, torch.ones(12), torch.randn(1, 5, 12), 3, 1e-6)
+    with pytest.raises(ValueError, match=r"^weight must have 12 elements for x \(\.\.\., 12\) in 1 group, got 8$"):
+        norm_gate(x, torch.ones(8), None, 1, 1e-6)
+    with pytest.raises(ValueError, match=r"^act must be 'sigmoid' or 'silu', got 'relu'$"):  # it ran as sigmoid
+        norm_gate(x, torch.ones(12), torch.randn(2, 5, 12), 3, 1e-6, "relu")
+
+
+def test_shift_and_mlp_sizes_out_of_range_are_one_line():
+    """A ZeroDivisionError for no heads, and an MLP of width 0 built without a word."""
+    from fox_layers import ShiftLinear, SwiGLUMLP
+
+    with pytest.raises(ValueError, match=r"^num_heads must be an int >= 1, got 0$"):
+        ShiftLinear(8, 6, 0)
+    for ratio in (0, -1.0):
+        with pytest.raises(ValueError, match=rf"^hidden_ratio must be a finite number > 0, got {ratio}$"):
+            SwiGLUMLP(8, hidden_ratio=ratio)
+    with pytest.raises(ValueError, match=r"^hidden_ratio 0.01 gives an MLP of width 0 for hidden_size 8"):
+        SwiGLUMLP(8, hidden_ratio=0.01)
+    assert SwiGLUMLP(8, hidden_ratio=None, intermediate_size=16).intermediate_size == 16
 
 
 @pytest.mark.interpret

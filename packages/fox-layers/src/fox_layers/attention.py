@@ -513,6 +513,9 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError("a context-parallel layer takes whole sequences split across ranks: no decoding state, "
                              "seq_start (padding) or output_attentions")
         past = 0 if state is None else state.length
+        if state is not None and state.k is not None and state.k.shape[0] != B:
+            raise ValueError(f"hidden_states has {B} rows but the state holds {state.k.shape[0]} (one per sequence "
+                             "being decoded)")
         if state is not None and state.seq_start is None and seq_start is not None:
             state.seq_start = seq_start
         if state is not None:

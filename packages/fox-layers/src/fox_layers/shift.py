@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fox_layers.checks import require_int
+
 
 def previous_tokens(
     x: torch.Tensor,
@@ -47,6 +49,7 @@ class ShiftLinear(nn.Module):
 
     def __init__(self, input_dim: int, output_dim: int, num_heads: int, bias: bool = False):
         super().__init__()
+        require_int("num_heads", num_heads)
         if output_dim % num_heads != 0:
             raise ValueError(f"output_dim {output_dim} must be a multiple of num_heads {num_heads}")
         self.num_heads = num_heads

@@ -151,8 +151,11 @@ def norm_gate(x, weight, gate, num_groups: int, eps: float, act: str = "sigmoid"
     """Fused on CUDA (and in the Triton interpreter), the PyTorch twin elsewhere."""
     C = x.shape[-1]
     if C % num_groups or weight.numel() not in (C // num_groups, C):
-        raise ValueError(f"weight must have {C} or {C // num_groups} elements for x (..., {C}) in {num_groups} groups, "
-                         f"got {weight.numel()}")
+        sizes = f"{C}" if num_groups == 1 else f"{C} or {C // num_groups}"  # one group: the two are the same
+        groups = "1 group" if num_groups == 1 else f"{num_groups} groups"
+        raise ValueError(f"weight must have {sizes} elements for x (..., {C}) in {groups}, got {weight.numel()}")
+    if act not in ("sigmoid", "silu"):  # any other name ran as sigmoid
+        raise ValueError(f"act must be 'sigmoid' or 'silu', got {act!r}")
     if gate is not None and gate.shape != x.shape:
         raise ValueError(f"gate must be shaped like x {tuple(x.shape)}, got {tuple(gate.shape)}")
     if use_triton(x) and x.shape[-1] // num_groups <= 4096:
