@@ -59,6 +59,17 @@ def test_bad_input(mutate, kwargs, error, pattern):
         forgetting_attention(*mutate(_ok()), **kwargs)
 
 
+def test_numpy_scalars_are_numbers():
+    """A NumPy float32 scale or threshold is a number like a Python float (it was refused as no tensor)."""
+    np = pytest.importorskip("numpy")
+    args = _ok()
+    want = forgetting_attention(*args, adaptive_threshold=-30.0, sm_scale=0.25)
+    torch.testing.assert_close(forgetting_attention(*args, adaptive_threshold=np.float32(-30), sm_scale=np.float32(0.25)),
+                               want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^adaptive_threshold must be a finite negative number .*got 0.5$"):
+        forgetting_attention(*args, adaptive_threshold=np.float32(0.5))
+
+
 def test_pruning_threshold_names_its_bad_arguments():
     """The public bound checks what the kernels' calls have checked before they reach it: a tolerance of 0
     or more (which ``AutoThreshold`` refuses), packed bounds past q's length (which returned fewer rows),

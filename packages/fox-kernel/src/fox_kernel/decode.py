@@ -46,6 +46,8 @@ Log gates must be <= 0 (forget gates in [0, 1]) and not -inf; both are refused w
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from fox_kernel.ops import checks, dispatch
@@ -330,7 +332,7 @@ def fill_empty_cache(
 def _decode_threshold(adaptive_threshold, B, H, device):
     if adaptive_threshold is None:
         return None
-    if isinstance(adaptive_threshold, (int, float)) and not isinstance(adaptive_threshold, bool):
+    if isinstance(adaptive_threshold, numbers.Real) and not isinstance(adaptive_threshold, bool):
         checks.check_threshold_number(float(adaptive_threshold))
         return torch.full((B, H), float(adaptive_threshold), dtype=torch.float32, device=device)
     if not isinstance(adaptive_threshold, torch.Tensor):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import torch
 import triton
@@ -36,7 +37,7 @@ DEFAULT_LOG_TOLERANCE = -10.0
 
 def check_log_tolerance(value) -> None:
     """ln eps must be a finite negative number (eps < 1); 0 or more would let pruning drop all the weight."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value >= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value >= 0:
         raise ValueError(f"log_pruning_tolerance must be a finite negative number (ln eps), got {value!r}")
 
 

@@ -9,6 +9,7 @@ or on CPU tensors, never for CUDA tensors on the hot path, and never while ``tor
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NoReturn
 
 import torch
@@ -70,7 +71,7 @@ def require_float_dtype(name: str, x: torch.Tensor, allowed=DECODE_DTYPES) -> No
 def check_sm_scale(sm_scale) -> float:
     """The score scale as a float: a finite positive number (inf gives exact-zero rows, NaN NaN rows, and
     0 or less turns the attention uniform or inverted)."""
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale) \
             or sm_scale <= 0:
         raise ValueError(f"sm_scale must be None or a finite positive number, got {sm_scale!r}")
     return float(sm_scale)

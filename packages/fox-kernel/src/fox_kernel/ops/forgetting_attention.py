@@ -14,6 +14,8 @@ as primitives (a compiled call passes them as they are) and rebuild it inside
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from fox_kernel.ops import checks, dispatch
@@ -138,7 +140,7 @@ def _threshold_tensor(adaptive_threshold, q, k, sm_scale, cu_seqlens):
     if isinstance(adaptive_threshold, str):  # "auto" is taken by the forward op itself
         raise ValueError(f'adaptive_threshold must be None, a number, a tensor, "auto" or an AutoThreshold, got '
                          f'{adaptive_threshold!r}')
-    if isinstance(adaptive_threshold, (int, float)):
+    if isinstance(adaptive_threshold, numbers.Real):
         checks.check_threshold_number(float(adaptive_threshold))
         return torch.full((n_rows, H), float(adaptive_threshold), dtype=torch.float32, device=q.device)
     checks.require_tensor("adaptive_threshold", adaptive_threshold)
