@@ -97,6 +97,13 @@ def test_transformer_swa_is_the_transformer_with_a_window():
         a, b = swa(ids).logits, full(ids).logits
     torch.testing.assert_close(a[:, :W], b[:, :W])
     assert (a[:, W:] - b[:, W:]).abs().amax(-1).min() > 1e-4
+    # without a cache (training, validation, use_cache=False) the window applies too: the SDPA shortcut
+    # for plain causal attention ran full attention there
+    with torch.no_grad():
+        torch.testing.assert_close(swa(ids, use_cache=False).logits, a)
+        swa.train()
+        torch.testing.assert_close(swa(ids).logits, a)
+        swa.eval()
     out = swa.generate(ids[:, :W + 3], max_new_tokens=2 * W, do_sample=False)
     with torch.no_grad():
         again = swa(out).logits[:, W + 2:-1].argmax(-1)

@@ -12,9 +12,9 @@ from fox_models.transformer.configuration import TransformerConfig
 
 
 class TransformerAttention(ForgettingAttentionLayer):
-    """Plain RoPE attention. Without padding, packing or a cache it runs SDPA (cuDNN/flash on GPU);
-    otherwise the FoX kernel with gates of 1, which is the same function (also under context parallelism,
-    whose kernel call is the layer's ``attention_kernel``)."""
+    """Plain RoPE attention. Without padding, packing, a cache or a sliding window it runs SDPA (cuDNN/flash
+    on GPU); otherwise the FoX kernel with gates of 1, which is the same function (also under context
+    parallelism, whose kernel call is the layer's ``attention_kernel``), and which applies the window."""
 
     # One matmul per projection: with RoPE and SDPA, the fused q/k/v matmul was slower (the RoPE backward
     # writes its gradients transposed into the shared buffer): 125M, 16k, compiled, H200, 66.5 ms a step
@@ -23,7 +23,7 @@ class TransformerAttention(ForgettingAttentionLayer):
 
     def forward(self, hidden_states, *, seq_start=None, cu_seqlens=None, state=None, output_attentions=False):
         if (seq_start is not None or cu_seqlens is not None or state is not None or output_attentions
-                or self.context_parallel is not None):
+                or self.context_parallel is not None or self.window_size is not None):
             return super().forward(hidden_states, seq_start=seq_start, cu_seqlens=cu_seqlens, state=state,
                                    output_attentions=output_attentions)
         B, T, _ = hidden_states.shape
