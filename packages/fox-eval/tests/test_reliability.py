@@ -65,6 +65,26 @@ def test_a_missing_model_folder_is_named_as_a_folder(tmp_path):
     assert _message(e) == f"fox-eval: {expected}"
 
 
+def test_weights_that_lack_a_parameter_are_refused(tmp_path, model_dir):
+    """transformers initialises a parameter the file lacks, prints its table and goes on: the evaluation ran
+    on a partly random model with exit code 0."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from fox_eval.loading import load_model
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = load_file(broken / "model.safetensors")
+    dropped = next(k for k in sorted(weights) if k.endswith("fgate_proj.bias"))
+    del weights[dropped]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"^--model '{broken}' cannot be loaded: its weights lack .*fgate_proj.bias$"):
+        load_model(str(broken), torch.device("cpu"))
+    assert load_model(str(model_dir), torch.device("cpu")).training is False  # the whole file loads
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--temperature", "1", "--top-p", "2"], "--top-p must be in (0, 1] (the probability mass sampled from), got 2"),
     (["--temperature", "1", "--top-p", "0"], "--top-p must be in (0, 1] (the probability mass sampled from), got 0"),

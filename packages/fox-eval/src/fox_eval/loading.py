@@ -77,9 +77,15 @@ def load_model(path: str, device: torch.device):
 
     check_model_dir(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError, pickle.UnpicklingError) as e:
         raise ValueError(f"--model {path!r} cannot be loaded: {_first_line(e)}") from None
+    # transformers initialises a parameter the weights lack and goes on: an evaluation of such a model would
+    # measure random weights
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(f"--model {path!r} cannot be loaded: its weights lack {shown}")
     return model.to(device).eval()
 
 
