@@ -132,8 +132,8 @@ def test_judge_gets_the_official_prompt(judge_server):
     assert "accuracy: \n    Score 1: The answer is completely unrelated" in user
     assert user.endswith("[Question]\nWhat is the best thing to do in San Francisco?\n\n[The Start of the Model's "
                          "Answer]\neat a sandwich\n[The End of the Model's Answer]")
-    with pytest.raises(ValueError, match="--judge-url http://127.0.0.1:9/v1: no judgement"):
-        niah.score_with_judge("x", "http://127.0.0.1:9/v1")
+    with pytest.raises(ValueError, match="--judge-url http://127.0.0.1:9/v1: no judgement after 3 tries"):
+        niah.score_with_judge("x", "http://127.0.0.1:9/v1", wait=0)
 
 
 def _tiny(path):
@@ -181,3 +181,60 @@ def test_command_writes_results_and_heatmap(tmp_path, judge_server, monkeypatch)
         main(["niah", "--model", str(tmp_path / "m"), "--lengths", "150", "1000"])
     with pytest.raises(SystemExit, match="^fox-eval: --haystack '/no/hay' is not a folder$"):
         main(["niah", "--model", str(tmp_path / "m"), "--haystack", "/no/hay"])
+
+
+def test_a_failing_judge_or_a_crash_loses_no_finished_cell(tmp_path, judge_server, monkeypatch):
+    """A judge call that fails after its tries is recorded as null with its error, not the end of the run;
+    every finished cell is on disk at once, so a run stopped half-way and run again generates only the
+    cells it lacks and asks the judge again only where it failed."""
+    url, seen = judge_server
+    _tiny(tmp_path / "m")
+    monkeypatch.setattr(niah.time, "sleep", lambda seconds: None)
+    real_judge, real_generate = niah.score_with_judge, niah.generate
+    down = {"on": True}
+
+    def flaky_judge(text, url, **kw):  # the endpoint is down for the run's third and fourth cells
+        if down["on"] and len(seen) in (2, 3):
+            seen.append(None)
+            return real_judge(text, "http://127.0.0.1:9/v1", **kw)
+        return real_judge(text, url, **kw)
+
+    monkeypatch.setattr(niah, "score_with_judge", flaky_judge)
+    args = ["niah", "--model", str(tmp_path / "m"), "--lengths", "300", "611", "--depths", "0", "50", "100",
+            "--max-new-tokens", "4", "--out", str(tmp_path / "n"), "--mode", "easy", "--judge-url", url]
+    main(args)
+    report = json.loads((tmp_path / "n" / "niah_easy.json").read_text())
+    scores = [r["judge_score"] for r in report["results"]]
+    assert scores == [7.0, 7.0, None, None, 7.0, 7.0] and report["mean_judge_score"] == 7.0
+    assert all("no judgement after 3 tries" in r["judge_error"] for r in report["results"][2:4])
+    # again: nothing generated, the judge asked for the two failed cells only
+    down["on"] = False
+    generated = []
+    monkeypatch.setattr(niah, "generate", lambda *a: generated.append(a) or real_generate(*a))
+    before = len(seen)
+    main(args)
+    again = json.loads((tmp_path / "n" / "niah_easy.json").read_text())
+    assert generated == [] and len(seen) - before == 2
+    assert [r["judge_score"] for r in again["results"]] == [7.0] * 6 and not any("judge_error" in r for r in again["results"])
+    assert [r["continuation"] for r in again["results"]] == [r["continuation"] for r in report["results"]]
+
+    # a run stopped after two cells: the next one generates the other four
+    calls = []
+
+    def stops(*a):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(a)
+        return real_generate(*a)
+
+    monkeypatch.setattr(niah, "generate", stops)
+    fresh = [*args[:-2], "--out", str(tmp_path / "k")]
+    fresh = [a for a in fresh if a != "--judge-url"]
+    with pytest.raises(SystemExit):
+        main(fresh)
+    generated.clear()
+    monkeypatch.setattr(niah, "generate", lambda *a: generated.append(a) or real_generate(*a))
+    main(fresh)
+    assert len(generated) == 4
+    whole = json.loads((tmp_path / "k" / "niah_easy.json").read_text())
+    assert [r["continuation"] for r in whole["results"]] == [r["continuation"] for r in report["results"]]

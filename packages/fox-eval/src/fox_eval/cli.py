@@ -138,7 +138,14 @@ def _inspect(args) -> None:
 
 def _niah(args) -> None:
     from fox_eval import niah
-    from fox_eval.loading import check_model_dir, load_model, load_tokenizer, resolve_device
+    from fox_eval.loading import (
+        check_model_dir,
+        load_model,
+        load_tokenizer,
+        model_fingerprint,
+        precision,
+        resolve_device,
+    )
 
     check_model_dir(args.model)
     bad_depths = [d for d in args.depths or [] if not 0 <= d <= 100]
@@ -153,9 +160,13 @@ def _niah(args) -> None:
     judge = None
     if args.judge_url:
         judge = {"url": args.judge_url, "model": args.judge_model, "api_key": os.environ.get("FOX_EVAL_JUDGE_API_KEY")}
-    model = load_model(args.model, resolve_device(args.device))
+    device = resolve_device(args.device)
+    haystack = str(Path(args.haystack).resolve()) if args.haystack is not None else "bundled"
+    resume_key = "|".join([model_fingerprint(args.model), precision(device), args.mode, haystack,
+                           str(args.max_new_tokens)])
+    model = load_model(args.model, device)
     report = niah.run(model, load_tokenizer(args.model), Path(args.out), args.mode, args.lengths, args.depths,
-                      args.max_new_tokens, args.limit, judge, args.haystack)
+                      args.max_new_tokens, args.limit, judge, args.haystack, resume_key)
     line = f"mean score {report['mean_score']:.2f} / 10 over {len(report['results'])} prompts"
     if judge and report.get("mean_judge_score") is not None:
         line += f", judge {report['mean_judge_score']:.2f} / 10"

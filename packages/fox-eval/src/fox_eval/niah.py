@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import lzma
 import re
+import sys
+import time
 import urllib.request
 from importlib import resources
 from pathlib import Path
@@ -147,19 +149,48 @@ def judge_messages(prediction: str) -> list[dict]:
     return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
 
 
-def score_with_judge(prediction: str, url: str, model: str = JUDGE_MODEL, api_key: str | None = None) -> float | None:
+JUDGE_TRIES = 3
+"""Attempts per judge call; a call that still fails is recorded as no judgement (see ``run``)."""
+
+
+def score_with_judge(prediction: str, url: str, model: str = JUDGE_MODEL, api_key: str | None = None,
+                     tries: int = JUDGE_TRIES, wait: float = 2.0) -> float | None:
     """1-10 from an LLM judge behind an OpenAI-compatible chat completions endpoint (temperature 0), read
-    from its "[[rating]]"; None when the reply holds no rating."""
+    from its "[[rating]]"; None when the reply holds no rating. A failed request is tried again after
+    ``wait``, then twice that, up to ``tries`` attempts; then ValueError naming the URL."""
     body = json.dumps({"model": model, "messages": judge_messages(prediction), "temperature": 0.0}).encode()
     req = urllib.request.Request(url.rstrip("/") + "/chat/completions", data=body, headers={
         "Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            text = json.load(r)["choices"][0]["message"]["content"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise ValueError(f"--judge-url {url}: no judgement ({type(e).__name__}: {e})") from None
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                text = json.load(r)["choices"][0]["message"]["content"]
+            break
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            if attempt == tries - 1:
+                raise ValueError(f"--judge-url {url}: no judgement after {tries} tries ({type(e).__name__}: {e})") \
+                    from None
+            time.sleep(wait * 2**attempt)
     m = re.search(r"\[\[(\d+)\]\]", text)
     return float(m.group(1)) if m else None
+
+
+def _resume(part: Path, key: str) -> dict[tuple[int, float], dict]:
+    """The rows a run with the same ``key`` (model, mode, haystack, answer length) wrote to ``part`` before it
+    stopped, by (length, depth); none for another key, or no file. A last line cut off mid-write is skipped."""
+    try:
+        lines = part.read_text().splitlines()
+    except OSError:
+        return {}
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    if not rows or rows[0].get("key") != key:
+        return {}
+    return {(r["length"], r["depth"]): r for r in rows[1:] if "length" in r}
 
 
 def generate(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
@@ -174,23 +205,52 @@ def generate(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
 
 
 def run(model, tokenizer, out: Path, mode: str, lengths=None, depths=None, max_new_tokens: int = MAX_NEW_TOKENS,
-        limit: int | None = None, judge: dict | None = None, haystack: str | Path | None = None) -> dict:
+        limit: int | None = None, judge: dict | None = None, haystack: str | Path | None = None,
+        resume_key: str | None = None) -> dict:
+    """Every (length, depth) cell's continuation and scores, written to ``out/niah_<mode>.json``.
+
+    Resumable: each finished cell goes to ``out/partial/niah_<mode>.jsonl`` at once, under ``resume_key``
+    (the CLI's: the model's fingerprint, precision, mode, haystack and answer length); a run with the same
+    key takes those cells as they are. A judge call that fails after its tries is recorded as
+    ``judge_score`` None with its ``judge_error``, and a later run with the same key asks the judge again."""
     from tqdm.auto import tqdm
 
     lengths, depths = lengths or LENGTHS, depths or DEPTHS
     needle_tokens = len(tokenizer(needle_text(mode), add_special_tokens=False)["input_ids"])
     hay = haystack_ids(tokenizer, haystack_text(haystack), max(1, max(lengths) - RESERVED_TOKENS - needle_tokens))
-    cells = [(L, d) for L in lengths for d in depths][:limit]
+    cells = list(dict.fromkeys((L, d) for L in lengths for d in depths))[:limit]  # a repeated cell runs once
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    part = out / "partial" / f"niah_{mode}.jsonl"
+    done = _resume(part, resume_key) if resume_key is not None else {}
+    if resume_key is not None:
+        part.parent.mkdir(exist_ok=True)
+        part.write_text(json.dumps({"key": resume_key}) + "\n" + "".join(
+            json.dumps(r) + "\n" for r in done.values() if not (judge and r.get("judge_error"))))
+    results, failed = [], 0
     for length, depth in tqdm(cells, desc=f"niah ({mode})", unit="prompt"):
-        ids, at = build_prompt(tokenizer, hay, length, depth, mode)
-        text = generate(model, tokenizer, ids, max_new_tokens)
-        row = {"length": length, "depth": depth, "prompt_tokens": len(ids), "needle_token": at,
-               "continuation": text, "score": score_offline(text)}
+        row = done.get((length, depth))
+        if row is None:
+            ids, at = build_prompt(tokenizer, hay, length, depth, mode)
+            text = generate(model, tokenizer, ids, max_new_tokens)
+            row = {"length": length, "depth": depth, "prompt_tokens": len(ids), "needle_token": at,
+                   "continuation": text, "score": score_offline(text)}
+        elif not judge or (not row.get("judge_error") and "judge_score" in row):
+            results.append(row)
+            continue
         if judge:
-            row["judge_score"] = score_with_judge(text, **judge)
+            row.pop("judge_error", None)
+            try:
+                row["judge_score"] = score_with_judge(row["continuation"], **judge)
+            except ValueError as e:
+                row["judge_score"], row["judge_error"] = None, str(e)
+                failed += 1
+        if resume_key is not None:
+            with part.open("a") as f:
+                f.write(json.dumps(row) + "\n")
         results.append(row)
+    if failed:
+        print(f"fox-eval niah: {failed} of {len(cells)} judge calls failed; their judge_score is null "
+              f"(the same command again asks the judge for those only)", file=sys.stderr)
     report = {"mode": mode, "haystack": str(haystack) if haystack else "bundled (King James Bible)",
               "lengths": lengths, "depths": depths, "max_new_tokens": max_new_tokens, "results": results,
               "mean_score": float(np.mean([r["score"] for r in results]))}
