@@ -68,6 +68,13 @@ def test_hidden_ratio_may_be_none_with_an_intermediate_size():
     (ForgettingTransformerConfig, dict(rope_base=0.0), r"rope_base must be a finite number > 0, got 0.0"),
     (ForgettingTransformerConfig, dict(log_pruning_tolerance=2.0), r"log_pruning_tolerance must be a finite negative"),
     (TransformerConfig, dict(hidden_size=96, num_heads=7), r"hidden_size must be a multiple of num_heads 7, got 96"),
+    # built, then failed at the first forward (RoPE's pairs of channels; the kernel's head dims)
+    (TransformerConfig, dict(hidden_size=126, num_heads=2),
+     r"hidden_size / num_heads \(the head dim\) must be even with RoPE, got 126 / 2 = 63"),
+    (ForgettingTransformerConfig, dict(use_rope=True, hidden_size=130, num_heads=2),
+     r"hidden_size / num_heads \(the head dim\) must be even with RoPE, got 130 / 2 = 65"),
+    (ForgettingTransformerConfig, dict(hidden_size=1200, num_heads=2),
+     r"hidden_size / num_heads \(the head dim\) must be at most 256, got 1200 / 2 = 600"),
     (TransformerConfig, dict(num_heads=0), r"num_heads must be an int >= 1, got 0"),
     (DeltaNetConfig, dict(num_heads=3), r"int\(hidden_size \* expand_k\) must be a positive multiple of num_heads 3"),
     (DeltaNetConfig, dict(expand_v=0), r"expand_v must be a finite number > 0, got 0"),

@@ -60,6 +60,18 @@ class _DecoderConfig(_FoxLayoutConfig):
         super().__init__(hidden_size=hidden_size, **kwargs)
 
 
+def require_head_dim(hidden_size: int, num_heads: int, rope: bool) -> None:
+    """The attention kernel's head dims (1 to 256), even with RoPE (which rotates pairs of channels): refused
+    as ``hidden_size``'s, since the model built then failed only at its first forward."""
+    head_dim = hidden_size // num_heads
+    if head_dim > 256:
+        raise ConfigFieldError("hidden_size", f"hidden_size / num_heads (the head dim) must be at most 256, got "
+                                              f"{hidden_size} / {num_heads} = {head_dim}")
+    if rope and head_dim % 2:
+        raise ConfigFieldError("hidden_size", f"hidden_size / num_heads (the head dim) must be even with RoPE, got "
+                                              f"{hidden_size} / {num_heads} = {head_dim}")
+
+
 class ForgettingTransformerConfig(_DecoderConfig):
     """FoX (Pro and LLaMA) and Transformer (Pro, ``fgate_type="none"`` + ``use_rope``).
 
@@ -118,6 +130,7 @@ class ForgettingTransformerConfig(_DecoderConfig):
         self.use_v_shift = use_v_shift
         self.log_pruning_tolerance = log_pruning_tolerance
         super().__init__(**kwargs)
+        require_head_dim(self.hidden_size, self.num_heads, self.use_rope)
 
     def attention_kwargs(self) -> dict:
         """Arguments of ``fox_layers.ForgettingAttentionLayer`` for this config."""

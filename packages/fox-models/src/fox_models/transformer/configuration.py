@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
-from fox_models.fox.configuration import _DecoderConfig
+from fox_models.fox.configuration import _DecoderConfig, require_head_dim
 
 
 class TransformerConfig(_DecoderConfig):
@@ -16,6 +16,7 @@ class TransformerConfig(_DecoderConfig):
 
     def __init__(self, **kwargs):  # transformers 5 needs each config class to define its own __init__
         super().__init__(**kwargs)
+        require_head_dim(self.hidden_size, self.num_heads, rope=True)
 
     def attention_kwargs(self) -> dict:
         return dict(
