@@ -175,3 +175,19 @@ def test_disk_offload(tmp_path, family):
     ids = torch.randint(3, 97, (2, 8), generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(offloaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-6)
     assert torch.equal(offloaded.generate(ids, max_new_tokens=4, **GREEDY), model.generate(ids, max_new_tokens=4, **GREEDY))
+
+
+@pytest.mark.parametrize("family", ["fox-pro", "transformer-llama"])
+def test_packed_sequences_in_eval_mode_need_no_use_cache_false(family):
+    """cu_seqlens in eval mode (use_cache on by default) was refused as "combined with a decoding state",
+    which the caller never passed: packed sequences now run without a cache unless one is asked for."""
+    model = AutoModelForCausalLM.from_config(get_preset(f"{family}-tiny")).eval()
+    ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
+    cu = torch.tensor([0, 5, 16], dtype=torch.int32)
+    with torch.no_grad():
+        packed = model(ids, cu_seqlens=cu)
+        alone = torch.cat([model(ids[:, :5]).logits, model(ids[:, 5:]).logits], dim=1)
+    assert packed.past_key_values is None
+    torch.testing.assert_close(packed.logits, alone, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="cu_seqlens .* cannot be combined with a decoding state"):
+        model(ids, cu_seqlens=cu, use_cache=True)

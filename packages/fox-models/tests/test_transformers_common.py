@@ -514,6 +514,9 @@ def test_generate_methods_with_logits_to_keep(tester):
     model, ids = tester.model(), tester.inputs()["input_ids"]
     assert "logits_to_keep" in inspect.signature(model.forward).parameters
     assert model(ids, logits_to_keep=1).logits.shape == (BATCH, 1, VOCAB)
+    full = model(ids).logits
+    keep = torch.tensor([0, ids.shape[1] - 1])  # transformers' other form: the positions to keep
+    torch.testing.assert_close(model(ids, logits_to_keep=keep).logits, full[:, keep])
     assert torch.equal(model.generate(ids, max_new_tokens=4, **GREEDY),
                        _manual_greedy(model, ids, 4))
 

@@ -389,6 +389,8 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         outputs) is replayed as a CUDA graph (``StaticFoxCache.decode``); it returns only the logits and
         the cache."""
         cache = pick_cache(cache, past_key_values)
+        if cu_seqlens is not None and use_cache is None and cache is None:
+            use_cache = False  # packed sequences are a training or scoring batch: no cache unless asked for one
         if isinstance(cache, StaticFoxCache):
             if output_attentions:
                 raise ValueError("output_attentions needs the default cache (a static cache's buffers are longer "
@@ -417,7 +419,13 @@ class _FoxForCausalLMBase(_FoxPreTrainedBase, GenerationMixin):
         if per_token_loss and (labels is not None or shift_labels is not None):
             loss = self._per_token_loss(h, shift_labels if shift_labels is not None else labels, fused)
         else:
-            logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
+            # an int keeps the last that many positions (0: all); a 1-D tensor holds the positions to keep
+            # (transformers' two forms)
+            if isinstance(logits_to_keep, torch.Tensor):
+                kept = h[:, logits_to_keep]
+            else:
+                kept = h[:, -logits_to_keep:] if logits_to_keep else h
+            logits = self.lm_head(kept)
             if shift_labels is not None or labels is not None:
                 # the hidden states scored and their targets
                 scored, targets = (h, shift_labels) if shift_labels is not None else (h[:, :-1], labels[:, 1:])
