@@ -96,6 +96,21 @@ def test_command_end_to_end(tmp_path, capsys):
     for bad in ("0", "-2"):
         with pytest.raises(SystemExit, match=f"--limit must be >= 1, got {bad}"):
             main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--limit", bad])
+    # before a model loads, one line each (a KeyError, an AttributeError or a message naming no file before)
+    for text, message in (({"hotpotqa": "{context} {input} {foo}"}, r"a template may hold \{context\} and "
+                           r"\{input\} only, got \['foo'\]$"),
+                          (["{context}"], r"--prompts must hold a JSON object of task -> prompt template, got list$")):
+        (tmp_path / "p.json").write_text(json.dumps(text))
+        with pytest.raises(SystemExit, match=message):
+            main(["longbench", "--model", str(tmp_path / "m"), "--data", str(data), "--tasks", "hotpotqa",
+                  "--prompts", str(tmp_path / "p.json")])
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for lines, message in ((['{"input": "x", "context": "y", "answers": ["z"]}', '{not json'], r"line 2 is not JSON"),
+                           (['{"input": "x", "context": "y"}'], r"line 1: a LongBench sample needs \"answers\"")):
+        (broken / "hotpotqa.jsonl").write_text("\n".join(lines))
+        with pytest.raises(SystemExit, match=rf"^fox-eval: --data '{broken}/hotpotqa.jsonl' {message}"):
+            main(["longbench", "--model", str(tmp_path / "m"), "--data", str(broken), "--tasks", "hotpotqa"])
 
 
 def test_several_models_make_one_table_with_each_models_own_scores(tmp_path, monkeypatch):

@@ -179,6 +179,48 @@ def truncate_middle(ids: list[int], budget: int) -> list[int]:
     return ids[:half] + ids[len(ids) - (budget - half):]
 
 
+def load_rows(data_dir: Path, task: str, limit: int | None = None) -> list[dict]:
+    """The first ``limit`` samples of ``<task>.jsonl`` in LongBench's format; a line that is no JSON object,
+    or a sample without its list of ``answers``, raises ValueError naming the file and the line."""
+    path = data_dir / f"{task}.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"--data {str(data_dir)!r} has no {task}.jsonl")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"--data {str(path)!r} line {number} is not JSON: {e}") from None
+        answers = row.get("answers") if isinstance(row, dict) else None
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise ValueError(f"--data {str(path)!r} line {number}: a LongBench sample needs \"answers\", a list of "
+                             f"strings, got {answers!r}")
+        rows.append(row)
+        if limit is not None and len(rows) == limit:
+            break
+    return rows
+
+
+def check_prompts(prompts) -> None:
+    """``--prompts``: a JSON object of task -> template whose only fields are {context} and {input}."""
+    import string
+
+    if not isinstance(prompts, dict):
+        raise ValueError(f"--prompts must hold a JSON object of task -> prompt template, got {type(prompts).__name__}")
+    for task, template in prompts.items():
+        if not isinstance(template, str):
+            raise ValueError(f"--prompts {task!r}: a template must be a string, got {type(template).__name__}")
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as e:
+            raise ValueError(f"--prompts {task!r}: {e}") from None
+        if fields - {"context", "input"}:
+            raise ValueError(f"--prompts {task!r}: a template may hold {{context}} and {{input}} only, got "
+                             f"{sorted(fields - {'context', 'input'})}")
+
+
 def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: int = 15500, limit: int | None = None,
         prompts: dict | None = None) -> dict:
     """One model: task -> score (0-100) and their average; predictions in ``out/<task>.jsonl``."""
@@ -188,10 +230,7 @@ def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: i
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     for task in tasks:
-        path = data_dir / f"{task}.jsonl"
-        if not path.exists():
-            raise FileNotFoundError(f"--data {str(data_dir)!r} has no {task}.jsonl")
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
+        rows = load_rows(data_dir, task, limit)
         template = (prompts or {}).get(task, PROMPTS[task])
         preds, scores = [], []
         for row in tqdm(rows, desc=f"longbench {task}", unit="sample"):
@@ -223,6 +262,10 @@ def run_models(models: list[str], data_dir: Path, out: Path, tasks: list[str], b
     import torch
 
     names = model_labels(models, labels)
+    if prompts is not None:
+        check_prompts(prompts)
+    for task in tasks:  # every file read and checked before a model loads
+        load_rows(data_dir, task, limit)
     per_model = {}
     for path, name in zip(models, names):
         model = load_model(path, torch.device(device))
