@@ -65,6 +65,24 @@ def test_a_missing_model_folder_is_named_as_a_folder(tmp_path):
     assert _message(e) == f"fox-eval: {expected}"
 
 
+def test_paths_of_the_wrong_kind_and_a_judge_url_that_is_none_are_named(tmp_path, model_dir):
+    """An --out that is a file ("Not a directory: '.../partial'"), an --text that is a folder ("Is a
+    directory"), a --judge-url without http(s) ("unknown url type", after the first generation)."""
+    story = tmp_path / "story.txt"
+    story.write_text("In the beginning. " * 20)
+    cases = [
+        (["per-token-loss", "--data", f"text:{story}", "--seq-len", "8", "--out", str(story)],
+         f"fox-eval: --out '{story}' is a file; it must be a folder (made if missing)"),
+        (["inspect", "--text", str(tmp_path)], f"fox-eval: --text '{tmp_path}' is a folder; it must be a text file"),
+        (["niah", "--judge-url", "notaurl"],
+         "fox-eval: --judge-url must be an http(s) URL of an OpenAI-compatible API (.../v1), got 'notaurl'"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as e:
+            main([*args[:1], "--model", str(model_dir), "--device", "cpu", *args[1:]])
+        assert _message(e) == message
+
+
 def test_weights_that_lack_a_parameter_are_refused(tmp_path, model_dir):
     """transformers initialises a parameter the file lacks, prints its table and goes on: the evaluation ran
     on a partly random model with exit code 0."""

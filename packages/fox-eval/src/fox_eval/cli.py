@@ -18,6 +18,7 @@ import argparse
 import errno
 import os
 import sys
+import urllib.parse
 from pathlib import Path
 
 # torch, transformers and fox_models are imported inside the command that runs, after its arguments are
@@ -317,6 +318,15 @@ def check_args(args) -> None:
                 raise ValueError(f"--limit must be > 0 (examples per task, or a fraction below 1), got {value:g}")
         elif value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():  # "Not a directory: '.../partial'"
+        raise ValueError(f"--out {out!r} is a file; it must be a folder (made if missing)")
+    text = getattr(args, "text", None)
+    if args.command == "inspect" and text is not None and Path(text).is_dir():
+        raise ValueError(f"--text {text!r} is a folder; it must be a text file")
+    judge_url = getattr(args, "judge_url", None)
+    if judge_url and urllib.parse.urlparse(judge_url).scheme not in ("http", "https"):
+        raise ValueError(f"--judge-url must be an http(s) URL of an OpenAI-compatible API (.../v1), got {judge_url!r}")
     if args.command == "generate":
         if not args.temperature >= 0:  # also refuses nan
             raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature:g}")
