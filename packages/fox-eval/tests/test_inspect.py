@@ -76,12 +76,17 @@ def test_cli_writes_json_and_figures(tmp_path, capsys):
     assert "decay times" in capsys.readouterr().out
 
 
-def test_models_without_forget_gate_say_so(tmp_path, capsys):
+def test_models_without_forget_gate_say_so(tmp_path):
+    """A model without forget gates, or a text file without text, is a refusal (exit status 1), not a run that
+    inspects nothing (or one BOS token) and exits 0."""
     cfg = fox_models.TransformerConfig(vocab_size=50257, hidden_size=32, num_hidden_layers=1, num_heads=2)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "t")
     (tmp_path / "x.txt").write_text("hello world " * 10)
-    main(["inspect", "--model", str(tmp_path / "t"), "--text", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o")])
-    assert "has no forget gate" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=rf"^fox-eval: --model '{tmp_path / 't'}': .* has no forget gate"):
+        main(["inspect", "--model", str(tmp_path / "t"), "--text", str(tmp_path / "x.txt"), "--out", str(tmp_path / "o")])
+    (tmp_path / "empty.txt").write_text(" \n")
+    with pytest.raises(SystemExit, match=rf"^fox-eval: --text '{tmp_path / 'empty.txt'}' holds no text$"):
+        main(["inspect", "--model", str(tmp_path / "t"), "--text", str(tmp_path / "empty.txt")])
 
 
 @pytest.mark.parametrize("T", [300, 512, 755, 1100, 1537])

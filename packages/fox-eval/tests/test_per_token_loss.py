@@ -194,6 +194,22 @@ def test_values_below_one_are_named(tmp_path, tiny_model, held, option, value):
         load_sequences(data, SEQ, 0)
 
 
+def test_token_files_load_as_writable_arrays(tmp_path):
+    """A memory map of int64 ids came back read-only, and torch warned ("The given NumPy array is not
+    writable") on every tensor made from it."""
+    import warnings
+
+    from fox_eval.data import load_sequences
+
+    ids = np.arange(100, dtype=np.int64)
+    np.save(tmp_path / "t.npy", ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        seqs = load_sequences(f"tokens:{tmp_path / 't.npy'}", 16, None)
+        torch.from_numpy(seqs)
+    assert seqs.flags.writeable and np.array_equal(seqs.reshape(-1), ids[:96])
+
+
 def test_missing_paths_are_named(tmp_path):
     with pytest.raises(SystemExit, match="--model '/nope/model' does not exist"):
         main(["per-token-loss", "--model", "/nope/model", "--data", f"tokens:{tmp_path}", "--seq-len", "8"])

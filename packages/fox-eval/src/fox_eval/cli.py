@@ -123,14 +123,16 @@ def _inspect(args) -> None:
     model = load_model(args.model, resolve_device(args.device))
     tok = fox_models.JSONGPT2Tokenizer()
     if args.text is not None:
-        ids = tok(Path(args.text).read_text(encoding="utf-8"), return_tensors="pt")["input_ids"][:, : args.max_tokens]
+        text = Path(args.text).read_text(encoding="utf-8")
+        if not text.strip():  # one BOS token would be inspected
+            raise ValueError(f"--text {args.text!r} holds no text")
+        ids = tok(text, return_tensors="pt")["input_ids"][:, : args.max_tokens]
     else:
         ids = torch.from_numpy(load_sequences(args.data, args.max_tokens, 1, tok))
     try:
         report = run(model, ids.to(model.device), Path(args.out), args.layers, args.heads, args.block)
-    except NoForgetGateError as e:
-        print(f"fox-eval inspect: {e}")
-        return
+    except NoForgetGateError as e:  # a Transformer: the wrong model for this command
+        raise ValueError(f"--model {args.model!r}: {e}") from None
     for i, layer in enumerate(report["layers"]):
         times = " ".join(f"{h['decay_time']:.3g}" for h in layer)
         print(f"layer {i:2d}: decay times {times} | pruning would skip {report['pruned_fraction_per_layer'][i]:.0%}")

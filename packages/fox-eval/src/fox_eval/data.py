@@ -64,4 +64,5 @@ def load_sequences(spec: str, seq_len: int, limit: int | None, tokenizer=None) -
     if n == 0:
         raise ValueError(f"--data holds {len(stream)} tokens, fewer than one sequence of --seq-len {seq_len}")
     n = n if limit is None else min(limit, n)
-    return np.asarray(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
+    # a copy: a read-only memory map of int64 ids came back as is, and torch warned on every tensor made from it
+    return np.array(stream[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
