@@ -58,6 +58,7 @@ def test_cfg_job_imports_no_torch(tmp_path, _run):
     # found by the config's own check, before the trainer's imports
     (["global_batch_tokens=1"], "global_batch_tokens must be in [data.seq_len, schedule.total_tokens]"),
     (["data.order=nope"], "data.order must be one of"),
+    (["strategy.fsdp_sharding=FOO"], "strategy.fsdp_sharding must be one of"),  # trained when FSDP was off
 ])
 def test_argument_errors_import_no_torch(tmp_path, args, message, _run):
     got, out = _run(args, tmp_path)

@@ -315,3 +315,28 @@ def test_a_full_disk_while_writing_tokens_is_one_line_and_leaves_no_part(tmp_pat
                                          r"and 14 written \(\d+\.\d MiB free on its disk\)$"):
         main([f"out_dir={tmp_path / 'runs'}", "run_name=full", *SMALL])
     assert list((tmp_path / "runs" / ".token-cache").iterdir()) == []
+
+
+def test_token_and_text_files_that_would_train_on_garbage_are_refused(tmp_path):
+    """tokenize wrote .npy whatever the output's name, and a '.bin' was then read as raw ids, its 128-byte
+    header as tokens; a binary file passed as text trained on its bytes as replacement characters; an empty
+    corpus tokenized to one token."""
+    import numpy as np
+
+    from fox_train.data import load_token_file, text_documents
+
+    (tmp_path / "a.txt").write_text("In the beginning God created the heaven and the earth.")
+    with pytest.raises(SystemExit, match=r"^fox-train tokenize: output must end in \.npy .*got '.*big\.bin'$"):
+        main(["tokenize", str(tmp_path / "a.txt"), str(tmp_path / "big.bin")])
+    assert not (tmp_path / "big.bin").exists()
+    ids = np.arange(300, dtype=np.uint16)
+    np.save(tmp_path / "ids.npy", ids)
+    (tmp_path / "ids.npy").rename(tmp_path / "ids.bin")  # a .npy under a raw file's name reads as the .npy
+    assert np.array_equal(load_token_file(str(tmp_path / "ids.bin")), ids)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "x.txt").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00" * 50)
+    with pytest.raises(ValueError, match=r"^data.path '.*x\.txt' is not a text file \(it holds NUL bytes\)$"):
+        text_documents(str(tmp_path / "bin"))
+    (tmp_path / "empty.txt").write_text(" \n")
+    with pytest.raises(SystemExit, match=r"^fox-train tokenize: data.path '.*empty\.txt' holds no text$"):
+        main(["tokenize", str(tmp_path / "empty.txt"), str(tmp_path / "e.npy")])

@@ -270,6 +270,8 @@ def _tokenize(args) -> None:
     from fox_train.disk import save_npy
 
     try:
+        if Path(args.output).suffix != ".npy":  # the file is .npy whatever its name; a .bin would be read raw
+            raise ValueError(f"output must end in .npy (a NumPy array of token ids), got {args.output!r}")
         docs = text_documents(args.input)
         tokens = tokenize_documents(docs, fox_models.JSONGPT2Tokenizer())
         save_npy(Path(args.output), np.asarray(tokens))

@@ -296,6 +296,7 @@ AT_LEAST = (("data.seq_len", 1), ("micro_batch_size", 1), ("global_batch_tokens"
 
 SEED_MAX = 2**32 - 1
 ORDERS = ("paper", "shuffled")
+FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")  # torch FSDP's sharding strategies
 
 
 def _number(value) -> bool:
@@ -344,6 +345,8 @@ def check(cfg: TrainConfig) -> None:
         raise ValueError(f"seed must be an int in [0, {SEED_MAX}] (numpy's seeds), got {cfg.seed!r}")
     if cfg.data.order not in ORDERS:
         raise ValueError(f"data.order must be one of {ORDERS}, got {cfg.data.order!r}")
+    if cfg.strategy.fsdp_sharding not in FSDP_SHARDING:  # read by FSDP only: checked whatever the strategy
+        raise ValueError(f"strategy.fsdp_sharding must be one of {FSDP_SHARDING}, got {cfg.strategy.fsdp_sharding!r}")
     if not cfg.data.seq_len <= cfg.global_batch_tokens <= cfg.schedule.total_tokens:
         # a step reads global_batch_tokens before it ends: a batch past the run's length is no run (and an
         # absurd one, 2^62 tokens, never finishes step 0)

@@ -46,7 +46,13 @@ def text_documents(path: str, name: str = "data.path") -> list[str]:
     files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
     if not files:
         raise FileNotFoundError(f"{name} {path!r} holds no .txt files")
-    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    for f, doc in zip(files, docs):
+        if "\x00" in doc:  # a binary file (text holds no NUL): it would train on its bytes as replacement text
+            raise ValueError(f"{name} {str(f)!r} is not a text file (it holds NUL bytes)")
+    if not any(doc.strip() for doc in docs):
+        raise ValueError(f"{name} {path!r} holds no text")
+    return docs
 
 
 def hf_documents(path: str, text_field: str, name: str = "data.path") -> list[str]:
@@ -101,7 +107,9 @@ def load_token_file(path: str, dtype: str = "uint16", name: str = "data.path") -
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{what} does not exist")
-    if p.suffix == ".npy":
+    with p.open("rb") as f:  # a .npy file under another name: its header would be read as tokens
+        is_npy = f.read(6) == b"\x93NUMPY"
+    if p.suffix == ".npy" or is_npy:
         try:
             tokens = np.load(p, mmap_mode="r")
         except (ValueError, OSError) as e:

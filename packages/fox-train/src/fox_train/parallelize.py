@@ -25,10 +25,8 @@ from fox_kernel.context_parallel import ContextParallel, shard_sequence, unshard
 from fox_layers import set_attention_kernel
 from fox_models.registry import model_entry
 from fox_train import checkpoint as ckpt
-from fox_train.config import TrainConfig, model_config
+from fox_train.config import FSDP_SHARDING, TrainConfig, model_config
 from fox_train.errors import first_line
-
-FSDP_SHARDING = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
 
 
 def _check_param_dtype(s) -> None:
