@@ -373,9 +373,8 @@ def test_bad_options_are_named():
     (dict(use_rope=True, rope_base=-1.0), "rope_base must be a finite number > 0, got -1.0"),  # built
     (dict(use_output_norm=True, norm_eps=-1.0), "norm_eps must be a finite number > 0, got -1.0"),  # built
     # built, then failed at the first forward (RoPE's pairs; the kernel's head dims)
-    (dict(hidden_size=12, use_rope=True), "use_rope rotates pairs of channels: the head dim (hidden_size / num_heads) "
-     "must be even, got 3"),
-    (dict(hidden_size=1200), "hidden_size / num_heads (the head dim) must be in [1, 256], got 300"),
+    (dict(hidden_size=12, use_rope=True), "hidden_size / num_heads (the head dim) must be even with RoPE, got 12 / 4 = 3"),
+    (dict(hidden_size=1200), "hidden_size / num_heads (the head dim) must be at most 256, got 1200 / 4 = 300"),
 ])
 def test_sizes_times_bases_and_epsilons_out_of_range_are_one_line(kwargs, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):

@@ -8,7 +8,7 @@ from fox_layers.attention import (
     decay_time_bias,
     set_attention_kernel,
 )
-from fox_layers.checks import require_int, require_positive
+from fox_layers.checks import require_head_dim, require_int, require_positive
 from fox_layers.kernels import use_triton
 from fox_layers.kernels.norm_gate import norm_gate
 from fox_layers.mlp import SwiGLUMLP, intermediate_size_for
@@ -31,6 +31,7 @@ __all__ = [
     "intermediate_size_for",
     "norm_gate",
     "previous_tokens",
+    "require_head_dim",
     "require_int",
     "require_positive",
     "rms_norm",

@@ -19,7 +19,7 @@ from fox_kernel import (
 )
 from fox_kernel.context_parallel import ContextParallel
 from fox_kernel.ops import checks
-from fox_layers.checks import require_int, require_positive
+from fox_layers.checks import require_head_dim, require_int, require_positive
 from fox_layers.kernels import owned
 from fox_layers.norms import GroupRMSNorm
 from fox_layers.rope import apply_rope
@@ -264,12 +264,7 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_heads {num_heads}")
         if num_heads % num_kv_heads != 0:
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
-        head_dim = hidden_size // num_heads
-        if not 1 <= head_dim <= 256:  # the kernel's head dims
-            raise ValueError(f"hidden_size / num_heads (the head dim) must be in [1, 256], got {head_dim}")
-        if use_rope and head_dim % 2:
-            raise ValueError(f"use_rope rotates pairs of channels: the head dim (hidden_size / num_heads) must be "
-                             f"even, got {head_dim}")
+        require_head_dim(hidden_size, num_heads, use_rope)
         if fgate_type not in FGATE_TYPES:
             raise ValueError(f"fgate_type must be one of {FGATE_TYPES}, got {fgate_type!r}")
         require_window_size(window_size)

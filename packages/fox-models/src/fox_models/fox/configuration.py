@@ -3,6 +3,7 @@ named configs (the paper's models)."""
 
 from __future__ import annotations
 
+import fox_layers
 from fox_kernel import check_log_tolerance
 from fox_models import preset_fields
 from fox_models.compat import CACHE_KWARG
@@ -61,15 +62,10 @@ class _DecoderConfig(_FoxLayoutConfig):
 
 
 def require_head_dim(hidden_size: int, num_heads: int, rope: bool) -> None:
-    """The attention kernel's head dims (1 to 256), even with RoPE (which rotates pairs of channels): refused
-    as ``hidden_size``'s, since the model built then failed only at its first forward."""
-    head_dim = hidden_size // num_heads
-    if head_dim > 256:
-        raise ConfigFieldError("hidden_size", f"hidden_size / num_heads (the head dim) must be at most 256, got "
-                                              f"{hidden_size} / {num_heads} = {head_dim}")
-    if rope and head_dim % 2:
-        raise ConfigFieldError("hidden_size", f"hidden_size / num_heads (the head dim) must be even with RoPE, got "
-                                              f"{hidden_size} / {num_heads} = {head_dim}")
+    """``fox_layers.require_head_dim``, refusing as a ``ConfigFieldError`` of ``hidden_size`` (the model built
+    then failed only at its first forward)."""
+    with refusing("hidden_size"):
+        fox_layers.require_head_dim(hidden_size, num_heads, rope)
 
 
 class ForgettingTransformerConfig(_DecoderConfig):
