@@ -496,9 +496,6 @@ class ForgettingAttentionLayer(nn.Module):
             raise ValueError("cu_seqlens (packed training batches) cannot be combined with a decoding state")
         # the kernel's checks, before RoPE positions and token shifts read these (values where reading them
         # costs no wait for the GPU; the kernel reads a CUDA cu_seqlens for its launch and checks it there)
-        for name, given in (("cu_seqlens", cu_seqlens), ("seq_start", seq_start)):
-            if given is not None:
-                checks.require_tensor(name, given)
         if cu_seqlens is not None:
             checks.check_cu_seqlens(cu_seqlens, B, T, checks.values_checkable(cu_seqlens))
         if seq_start is not None:

@@ -123,8 +123,9 @@ def check_seq_start(seq_start: torch.Tensor, batch: int, t_k: int | None, value_
 
 
 def values_checkable(x: torch.Tensor) -> bool:
-    """Whether ``x``'s values may be read for a check: on the CPU (no device to wait for), outside tracing."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+    """Whether ``x``'s values may be read for a check: on the CPU (no device to wait for), outside tracing.
+    False for what is no tensor, which the check's own ``require_tensor`` then names."""
+    return isinstance(x, torch.Tensor) and x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def check_threshold_number(value) -> None:
