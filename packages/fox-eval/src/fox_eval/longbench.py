@@ -221,16 +221,16 @@ def check_prompts(prompts) -> None:
                              f"{sorted(fields - {'context', 'input'})}")
 
 
-def run(model, tokenizer, data_dir: Path, out: Path, tasks: list[str], budget: int = 15500, limit: int | None = None,
+def run(model, tokenizer, data: dict[str, list[dict]], out: Path, budget: int = 15500,
         prompts: dict | None = None) -> dict:
-    """One model: task -> score (0-100) and their average; predictions in ``out/<task>.jsonl``."""
+    """One model on ``data`` (task -> its samples, ``load_rows``'): task -> score (0-100) and their average;
+    predictions in ``out/<task>.jsonl``."""
     import torch
     from tqdm.auto import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for task in tasks:
-        rows = load_rows(data_dir, task, limit)
+    for task, rows in data.items():
         template = (prompts or {}).get(task, PROMPTS[task])
         preds, scores = [], []
         for row in tqdm(rows, desc=f"longbench {task}", unit="sample"):
@@ -264,12 +264,11 @@ def run_models(models: list[str], data_dir: Path, out: Path, tasks: list[str], b
     names = model_labels(models, labels)
     if prompts is not None:
         check_prompts(prompts)
-    for task in tasks:  # every file read and checked before a model loads
-        load_rows(data_dir, task, limit)
+    data = {task: load_rows(data_dir, task, limit) for task in tasks}  # read and checked once, before a model loads
     per_model = {}
     for path, name in zip(models, names):
         model = load_model(path, torch.device(device))
-        per_model[name] = run(model, load_tokenizer(path), data_dir, out / name, tasks, budget, limit, prompts)
+        per_model[name] = run(model, load_tokenizer(path), data, out / name, budget, prompts)
         del model
     md, tex = tables(per_model, [*tasks, "average"])
     settings = {"tasks": tasks, "budget": budget, "limit": limit, "prompts": "--prompts" if prompts else "LongBench",
