@@ -238,3 +238,13 @@ def test_a_failing_judge_or_a_crash_loses_no_finished_cell(tmp_path, judge_serve
     assert len(generated) == 4
     whole = json.loads((tmp_path / "k" / "niah_easy.json").read_text())
     assert [r["continuation"] for r in whole["results"]] == [r["continuation"] for r in report["results"]]
+
+
+def test_a_repeated_length_or_depth_is_one_column_or_row_of_the_heat_map(tmp_path, tok, monkeypatch):
+    model = _tiny(tmp_path / "m")
+    drawn = []
+    monkeypatch.setattr(niah, "heatmap", lambda results, lengths, depths, *a: drawn.append((lengths, depths)))
+    report = niah.run(model, tok, tmp_path / "n", "standard", [300, 300], [0.0, 100.0, 0.0], max_new_tokens=2)
+    assert [(r["length"], r["depth"]) for r in report["results"]] == [(300, 0.0), (300, 100.0)]
+    assert report["lengths"] == [300] and report["depths"] == [0.0, 100.0]
+    assert drawn == [([300], [0.0, 100.0])]

@@ -215,10 +215,11 @@ def run(model, tokenizer, out: Path, mode: str, lengths=None, depths=None, max_n
     ``judge_score`` None with its ``judge_error``, and a later run with the same key asks the judge again."""
     from tqdm.auto import tqdm
 
-    lengths, depths = lengths or LENGTHS, depths or DEPTHS
+    # a repeated length or depth runs once and is one column or row of the heat map
+    lengths, depths = list(dict.fromkeys(lengths or LENGTHS)), list(dict.fromkeys(depths or DEPTHS))
     needle_tokens = len(tokenizer(needle_text(mode), add_special_tokens=False)["input_ids"])
     hay = haystack_ids(tokenizer, haystack_text(haystack), max(1, max(lengths) - RESERVED_TOKENS - needle_tokens))
-    cells = list(dict.fromkeys((L, d) for L in lengths for d in depths))[:limit]  # a repeated cell runs once
+    cells = [(L, d) for L in lengths for d in depths][:limit]
     out.mkdir(parents=True, exist_ok=True)
     part = out / "partial" / f"niah_{mode}.jsonl"
     done = _resume(part, resume_key) if resume_key is not None else {}
