@@ -133,6 +133,17 @@ def test_cli_writes_tables(setup, capsys):
         main(["harness", "--model", str(d / "m"), "--tasks", "x", "--max-length", "0"])
 
 
+def test_a_task_yaml_file_or_a_tag_fills_the_table(setup):
+    """lm-eval reports a YAML file's task, or a tag's tasks, under their own names: those are the columns."""
+    d, _, _ = setup
+    main(["harness", "--model", str(d / "m"), "--tasks", str(d / "mc.yaml"), "--out", str(d / "yaml"),
+          "--device", "cpu"])
+    assert (d / "yaml" / "results.md").read_text().startswith("| model | local_mc (acc) |")
+    picked = harness.pick_metrics({"arc_easy": {"acc,none": 0.5}, "arc_challenge": {"acc_norm,none": 0.25}},
+                                  ["ai2_arc"])
+    assert picked == {"arc_easy (acc)": 50.0, "arc_challenge (acc_norm)": 25.0}
+
+
 def test_several_models_make_one_table(setup, monkeypatch):
     """RUN/hf folders: one row per run, each with the values the model gets alone."""
     d, _, tok = setup

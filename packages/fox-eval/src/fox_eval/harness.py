@@ -99,9 +99,13 @@ def _percent(metric: str) -> bool:
 
 def pick_metrics(results: dict, tasks: list[str]) -> dict[str, float]:
     """Column "task (metric)" -> value as printed: the paper's columns for its tasks (accuracies in percent),
-    the first numeric metric for any other task, and the average of the paper's accuracies when all are there."""
+    the first numeric metric for any other task, and the average of the paper's accuracies when all are there.
+    A task YAML file or a tag in ``tasks`` is reported under the names of the tasks it holds: those follow."""
     picked = {}
-    for task in tasks:
+    names = [t for t in tasks if t in results]
+    if len(names) < len(tasks):
+        names += [t for t in results if t not in names]
+    for task in names:
         res = results.get(task, {})
         keys = [m for t, m in PAPER_COLUMNS if t == task and m in res]
         if not keys:
