@@ -83,3 +83,13 @@ def test_errors_are_one_line(tmp_path):
     # a failing job of a sweep
     with pytest.raises(SystemExit, match=r"^fox-train: data.path '/no/such/corpus' does not exist"):
         main(["-m", f"out_dir={tmp_path}", "data=text", "data.path=/no/such/corpus", "optimizer.lr=1e-3,2e-3", *SMALL])
+
+
+def test_tokenize_errors_name_its_input_argument(tmp_path):
+    """``fox-train tokenize INPUT OUTPUT.npy`` takes no data.path: its errors name the argument ``input``."""
+    for make, error in ((lambda p: None, "does not exist"), (lambda p: p.mkdir(), "holds no .txt files")):
+        missing = tmp_path / f"corpus-{len(error)}"
+        make(missing)
+        with pytest.raises(SystemExit, match=rf"^fox-train tokenize: input '.*{missing.name}' {error}$"):
+            main(["tokenize", str(missing), str(tmp_path / "t.npy")])
+    assert not (tmp_path / "t.npy").exists()

@@ -338,5 +338,5 @@ def test_token_and_text_files_that_would_train_on_garbage_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"^data.path '.*x\.txt' is not a text file \(it holds NUL bytes\)$"):
         text_documents(str(tmp_path / "bin"))
     (tmp_path / "empty.txt").write_text(" \n")
-    with pytest.raises(SystemExit, match=r"^fox-train tokenize: data.path '.*empty\.txt' holds no text$"):
+    with pytest.raises(SystemExit, match=r"^fox-train tokenize: input '.*empty\.txt' holds no text$"):
         main(["tokenize", str(tmp_path / "empty.txt"), str(tmp_path / "e.npy")])

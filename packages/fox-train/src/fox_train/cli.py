@@ -272,7 +272,7 @@ def _tokenize(args) -> None:
     try:
         if Path(args.output).suffix != ".npy":  # the file is .npy whatever its name; a .bin would be read raw
             raise ValueError(f"output must end in .npy (a NumPy array of token ids), got {args.output!r}")
-        docs = text_documents(args.input)
+        docs = text_documents(args.input, "input")  # errors name the argument, not a training setting
         tokens = tokenize_documents(docs, fox_models.JSONGPT2Tokenizer())
         save_npy(Path(args.output), np.asarray(tokens))
     except (OSError, ValueError) as e:
