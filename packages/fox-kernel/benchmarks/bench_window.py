@@ -1,5 +1,6 @@
-"""Sliding-window Forgetting Attention: our windowed kernel against our full causal kernel and
-flash-linear-attention's windowed ``parallel_forgetting_attn`` (if installed), side by side in one run.
+"""Sliding-window Forgetting Attention: our windowed kernels (on Hopper the Gluon ones, and the Triton ones
+beside them) against our full causal kernel and flash-linear-attention's windowed
+``parallel_forgetting_attn`` (if installed), side by side in one run.
 
 B*T = 16384 tokens and H*D = 2048 (``bench_attention.py``'s shapes), bf16, forward and forward+backward; each case first
 checks that fla and ours agree on the output (same window convention). Prints a table and writes JSON.
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from fox_kernel import forgetting_attention
+from fox_kernel import KernelOptions, forgetting_attention
 
 
 def _inputs(B, T, H, D):
@@ -42,6 +43,8 @@ def _contenders(W):
     out = {
         "ours full": lambda q, k, v, lf: forgetting_attention(q, k, v, lf),
         "ours window": lambda q, k, v, lf: forgetting_attention(q, k, v, lf, window_size=W),
+        "ours window, Triton": lambda q, k, v, lf: forgetting_attention(q, k, v, lf, window_size=W,
+                                                                        options=KernelOptions(gluon=False)),
     }
     try:
         from fla.ops.forgetting_attn import parallel_forgetting_attn
@@ -56,12 +59,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench_window.json")
     ap.add_argument("--quick", action="store_true", help="only T=16k")
+    ap.add_argument("--dims", nargs="+", type=int, default=[64, 128], help="head dims (default 64 128)")
+    ap.add_argument("--windows", nargs="+", type=int, default=[512, 2048], help="windows (default 512 2048)")
     args = ap.parse_args()
     lengths = [16384] if args.quick else [4096, 8192, 16384]
     rows = []
-    for D in (64, 128):
+    for D in args.dims:
         for T in lengths:
-            for W in (512, 2048):
+            for W in args.windows:
                 B, H = 16384 // T, 2048 // D
                 torch.manual_seed(0)
                 inputs = _inputs(B, T, H, D)
@@ -81,6 +86,7 @@ def main():
                             row[f"{name} {mode} ms"] = float("nan")
                     ours = row[f"ours window {mode} ms"]
                     row[f"full/window {mode}"] = row[f"ours full {mode} ms"] / ours
+                    row[f"triton/ours {mode}"] = row[f"ours window, Triton {mode} ms"] / ours
                     if "fla window" in contenders:
                         row[f"fla/ours {mode}"] = row[f"fla window {mode} ms"] / ours
                 rows.append(row)
@@ -96,7 +102,8 @@ def _fmt(row):
     parts = [f"T={row['T']:5d} D={row['D']:3d} W={row['W']:4d}"]
     for mode in ("fwd", "fwd+bwd"):
         parts.append(f"{mode}: ours win {row[f'ours window {mode} ms']:.2f} ms, full {row[f'ours full {mode} ms']:.2f} "
-                     f"(x{row[f'full/window {mode}']:.2f})")
+                     f"(x{row[f'full/window {mode}']:.2f}), Triton {row[f'ours window, Triton {mode} ms']:.2f} "
+                     f"(x{row[f'triton/ours {mode}']:.2f})")
         if f"fla/ours {mode}" in row:
             parts.append(f"fla {row[f'fla window {mode} ms']:.2f} (fla/ours x{row[f'fla/ours {mode}']:.2f})")
     if "fla_vs_ours_max_abs" in row:

@@ -206,3 +206,76 @@ def test_pruned_forward_past_the_online_limit(dtype):
     assert (exact - pruned).abs().max().item() <= 3e-2 * scale
     assert (pruned_triton - pruned).abs().max().item() <= 3e-2 * scale
     assert (exact - loose).abs().max().item() > 0.05
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("B, Tq, Tk, H, Hkv, W", [
+    (2, 1000, 1000, 4, 2, 1),      # each query sees only itself
+    (2, 1000, 1000, 4, 2, 45),     # the window ends inside a tile (and inside a consumer's rows)
+    (1, 777, 777, 4, 4, 128),      # a tile's width
+    (1, 777, 777, 2, 2, 300),      # several tiles, the edge off the tile grid
+    (2, 333, 1000, 4, 2, 200),     # queries shorter than keys
+    (1, 500, 500, 2, 2, 5000),     # wider than the sequence: full attention
+])
+def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W, monkeypatch):
+    """A sliding window runs on the Gluon kernels: output and gradients against float64 and the reference
+    in the inputs' type, no further from float64 than the Triton kernels' (which run windows on their own
+    ranges), in both forward forms (fixed bound, online) and, at D=64, with the one-pass backward. The
+    Gluon backward runs every window here (by default narrow ones at D=64 take the Triton backward)."""
+    from fox_kernel.ops.gluon.tiles import GLUON_BWD_MIN_WINDOW
+
+    narrow = GLUON_BWD_MIN_WINDOW[D] > W
+    plan = dispatch.backward_plan(torch.empty(1, 1, 1, D, device="cuda", dtype=dtype),
+                                  AttentionCall(D**-0.5, window=W, options=KernelOptions()))
+    assert plan[0] is (dispatch.Backend.TRITON if narrow else dispatch.Backend.GLUON)
+    monkeypatch.setitem(GLUON_BWD_MIN_WINDOW, D, 1)
+    inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, "fast", seed=Tq + W)
+    references = []  # float64, then the inputs' own types
+    for cast in (lambda x: x.double(), lambda x: x.clone()):
+        leaves = [cast(x.detach()).requires_grad_() for x in inputs]
+        out = forgetting_attention_ref(*leaves, window_size=W)
+        references.append((out.detach(), *torch.autograd.grad(out, leaves, cast(do))))
+    exact, same = references
+    modes = [KernelOptions(), KernelOptions(fixed_bound=False)]
+    if D in GLUON_ONE_PASS_DIMS:
+        modes.append(KernelOptions(backward="fused"))
+    triton_out = forgetting_attention(*inputs, window_size=W, options=KernelOptions(gluon=False))
+    triton = (triton_out.detach(), *torch.autograd.grad(triton_out, inputs, do))
+    for options in modes:
+        call = AttentionCall(D**-0.5, window=W, options=options)
+        assert dispatch.forward_backend(inputs[0], inputs[1], call) is dispatch.Backend.GLUON
+        assert dispatch.backward_plan(inputs[0], call)[0] is dispatch.Backend.GLUON
+        out = forgetting_attention(*inputs, window_size=W, options=options)
+        got = (out.detach(), *torch.autograd.grad(out, inputs, do))
+        # with W = 1 every weight is exactly 1 in the reference (dq, dk and the gate gradient exactly 0),
+        # while the kernels recompute it from the stored log-sum-exp as 1 +- 2^-8: a floor of one such step
+        # at the result's largest value, as in test_window.py
+        floor = 2.0**-7
+        for name, a, t, e, s in zip(("out", "dq", "dk", "dv", "dlog_fgate"), got, triton, exact, same):
+            assert_close_to_reference(a, e, s, name=f"{name} ({options})", factor=3.0, rtol_floor=floor)
+            err, err_triton = (a.double() - e).abs().max(), (t.double() - e).abs().max()
+            bound = 1.5 * err_triton + 1e-3 * e.abs().max() + floor * max(e.abs().max(), 1.0)
+            assert err <= bound, (name, options, err.item(), err_triton.item())
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_gluon_sliding_window_with_pruning(D, monkeypatch):
+    """A window and "auto" pruning together: the ranges of both narrow the blocks (the Gluon backward too,
+    made to run this window at D=64); within the bound's tolerance of the exact windowed call and of the
+    Triton kernels' pruned windowed call."""
+    from fox_kernel.ops.gluon.tiles import GLUON_BWD_MIN_WINDOW
+
+    monkeypatch.setitem(GLUON_BWD_MIN_WINDOW, D, 1)
+    inputs, do = _inputs(2, 1500, 1500, 4, 2, D, torch.bfloat16, "fast", seed=11)
+
+    def outputs(options=None, **kw):
+        out = forgetting_attention(*inputs, window_size=700, options=options or KernelOptions(), **kw)
+        return (out.detach(), *torch.autograd.grad(out, inputs, do))
+
+    exact, pruned = outputs(), outputs(adaptive_threshold="auto")
+    pruned_triton = outputs(KernelOptions(gluon=False), adaptive_threshold="auto")
+    for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
+        scale = max(e.float().abs().max().item(), 1.0)
+        assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+        assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name

@@ -5,7 +5,7 @@ Gluon's API moves between Triton releases (3.7 dropped ``thread_barrier`` for ``
 only on a Hopper GPU, at the first call. Here the launchers of ``fox_kernel.ops.gluon.host`` run as the
 dispatcher calls them, with every launch replaced by Triton's compile-only ``warmup`` for an sm90 target: the
 forward (fixed softmax bound and online), the two-pass backward and the one-pass backward where it exists,
-at both head dims, and the Triton kernels launched beside them. Each compiled kernel must fit in an H100's
+at both head dims, with and without a sliding window, and the Triton kernels launched beside them. Each compiled kernel must fit in an H100's
 shared memory per block. The numbers they compute are checked on a GPU (``test_gluon.py``).
 """
 
@@ -47,8 +47,9 @@ def compiled(monkeypatch, benchmark_script):
         driver._active = previous
 
 
+@pytest.mark.parametrize("window", [0, 300])
 @pytest.mark.parametrize("D", [64, 128])
-def test_every_gluon_kernel_compiles_for_sm90(compiled, D):
+def test_every_gluon_kernel_compiles_for_sm90(compiled, D, window):
     from fox_kernel.ops.call import AttentionCall
     from fox_kernel.ops.gluon import host
     from fox_kernel.ops.gluon.tiles import GLUON_ONE_PASS_DIMS
@@ -59,7 +60,7 @@ def test_every_gluon_kernel_compiles_for_sm90(compiled, D):
     q = torch.randn(B, T, H, D, generator=g).bfloat16()
     k, v = (torch.randn(B, T, Hkv, D, generator=g).bfloat16() for _ in range(2))
     log_fgate = F.logsigmoid(torch.randn(B, T, H, generator=g) + 4)
-    call = AttentionCall(D**-0.5, options=KernelOptions(), zero_gates=False)
+    call = AttentionCall(D**-0.5, window=window, options=KernelOptions(), zero_gates=False)
     for fixed in (True, False):
         out, lse, _, (c, _, _) = host.forward(q, k, v, log_fgate, call, fixed)
     one_pass_modes = (False, True) if D in GLUON_ONE_PASS_DIMS else (False,)

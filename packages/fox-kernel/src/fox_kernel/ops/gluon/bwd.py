@@ -62,20 +62,25 @@ def _query_blocks(pid_n, shift, t_q, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH: gl.constexpr):
+def _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, shift, window, BLOCK_N: gl.constexpr, HAS_THRESH: gl.constexpr,
+               HAS_WINDOW: gl.constexpr):
     """End of the query blocks of key block ``pid_n`` and head ``h``: with pruning, those past it see the
-    block through a negligible decay (found up front, see triton.ranges.kept_ranges)."""
+    block through a negligible decay (found up front, see triton.ranges.kept_ranges); with a sliding window
+    of ``window`` keys, those past the last query whose window holds the block's last key do not see it."""
     if HAS_THRESH:
-        return gl.load(RANGE + (b * H + h).to(gl.int64) * n_blk + pid_n)
+        end = gl.load(RANGE + (b * H + h).to(gl.int64) * n_blk + pid_n)
     else:
-        return t_q
+        end = t_q
+    if HAS_WINDOW:
+        end = gl.minimum(end, (pid_n + 1) * BLOCK_N - 1 + window - shift)
+    return end
 
 
 @gluon.jit
 def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
-                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, t_q,
+                    stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, t_q, window,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+                    STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """Fills the ring: per query block, the Q and dO tiles (TMA) and two row vectors (written here, off
     the consumers' path): log2 of the softmax denominators less the row term of the bias, and delta."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
@@ -89,7 +94,8 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
         lse_ptr = LSE + b * stride_lb + h * stride_lh
         delta_ptr = DELTA + b * stride_lb + h * stride_lh
         anchor = gl.load(c_ptr + pid_n * BLOCK_N)
-        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH), BLOCK_M):
+        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, shift, window, BLOCK_N, HAS_THRESH,
+                                              HAS_WINDOW), BLOCK_M):
             offs_m = start_m + gl.arange(0, BLOCK_M, layout=vec_layout)
             mask_m = offs_m < t_q  # rows past the end get no weight (lse = inf)
             lse = gl.load(lse_ptr + offs_m, mask=mask_m, other=float("inf"))
@@ -111,10 +117,10 @@ def _load_partition(q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C,
 
 
 @gluon.jit
-def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2, offs_n,
-               start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, rs_row, q_row, h,
+def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2, offs_n, key0,
+               start_m, m_mid, shift, t_q, window, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, rs_row, q_row, h,
                BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-               a_layout: gl.constexpr, FUSED_DQ: gl.constexpr):
+               a_layout: gl.constexpr, FUSED_DQ: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """Query block ``start_m``, from ring slot ``i``. With FUSED_DQ, also this warpgroup's share of the
     block's dQ (dS K over its keys) and of the row term of dc, added into float32 tensors with TMA
     reductions."""
@@ -129,9 +135,14 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
     delta = delta_s.index(s).load(col_layout)
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])
     s_t = s_t * sm_scale2 - c_k2[:, None]
-    if (start_m < m_mid) | (start_m + BLOCK_M > t_q):  # the diagonal, or the end of the queries
+    edge = (start_m < m_mid) | (start_m + BLOCK_M > t_q)  # the diagonal, or the end of the queries
+    if HAS_WINDOW:  # or a query block whose last row's window starts past this warpgroup's first key
+        edge = edge | (start_m + BLOCK_M - 1 + shift - window >= key0)
+    if edge:
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_layout)
         keep = (offs_n[:, None] <= (offs_m + shift)[None, :]) & (offs_m < t_q)[None, :]
+        if HAS_WINDOW:
+            keep = keep & (offs_n[:, None] > (offs_m + shift - window)[None, :])
         s_t = gl.where(keep, s_t, float("-inf"))
     p_t = gl.exp2(s_t - lse2[None, :])
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
@@ -177,10 +188,10 @@ def _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty,
 def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                        b, hk, H, pid_n, n_blk, shift, t_q, t_k,
                        stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
-                       stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
+                       stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s, window,
                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr,
-                       FUSED_DQ: gl.constexpr):
+                       FUSED_DQ: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """One warpgroup's share of the key block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_M)
     kv_layout: gl.constexpr = wgmma_layout(HEAD_D)
@@ -204,10 +215,12 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
         c_k = gl.load(c_ptr + offs_n, mask=mask_n, other=0.0)
         c_k2 = (c_k - anchor).to(gl.float32) * LOG2E
         dc = gl.zeros([ROWS], gl.float32, row_layout)
-        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, HAS_THRESH), BLOCK_M):
+        for start_m in range(m_lo, _query_end(RANGE, b, h, H, pid_n, n_blk, t_q, shift, window, BLOCK_N, HAS_THRESH,
+                                              HAS_WINDOW), BLOCK_M):
             dk, dv, dc = _dkdv_step(i, dk, dv, dc, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, zero, c_k2,
-                                    offs_n, start_m, m_mid, shift, t_q, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
-                                    (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D, STAGES, s_layout, a_layout, FUSED_DQ)
+                                    offs_n, pid_n * BLOCK_N + ROW0, start_m, m_mid, shift, t_q, window, sm_scale2,
+                                    dq_desc, ds_s, dq_s, rs_desc, rs_s, (b * H + h) * 4, b * t_q, h, BLOCK_M, HEAD_D,
+                                    STAGES, s_layout, a_layout, FUSED_DQ, HAS_WINDOW)
             i += 1
         gl.store(DC + b * stride_cb + h * stride_ch + offs_n, dc, mask=mask_n)
     if FUSED_DQ:
@@ -227,10 +240,10 @@ def _compute_partition(C, DK, DV, DC, RANGE, k_all, v_all, q_s, do_s, lse_s, del
 def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, DV, DC, RANGE, dq_desc, rs_desc,
                       stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt, stride_dvh,
                       stride_cb, stride_ch, stride_lb, stride_lh,
-                      H, HKV, Tq, Tk, sm_scale, sm_scale2, heads_per_group,
+                      H, HKV, Tq, Tk, sm_scale, sm_scale2, heads_per_group, window,
                       GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr):
+                      LOADER_REGS: gl.constexpr, FUSED_DQ: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """dK, dV and the column term of dc; with FUSED_DQ also dQ / sm_scale and the row term of dc, added
     with TMA reductions into the float32 tensors of ``dq_desc`` (q's layout) and ``rs_desc`` ((B*H*4, Tq):
     four partial sums per row): the one-pass backward."""
@@ -284,16 +297,16 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                                   b, hk, H, pid_n, n_blk, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds_s, dq_s, rs_desc, rs_s,
-                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS,
-                                  FUSED_DQ)),
+                                  window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS,
+                                  FUSED_DQ, HAS_WINDOW)),
             (_compute_partition, (C, DK, DV, DC, RANGE, k_s, v_s, q_s, do_s, lse_s, delta_s, ready, empty, kv_bar,
                                   b, hk, H, pid_n, n_blk, shift, Tq, Tk, stride_dkb, stride_dkt, stride_dkh, stride_dvb, stride_dvt,
                                   stride_dvh, stride_cb, stride_ch, sm_scale, sm_scale2, dq_desc, ds2_s, dq2_s, rs_desc, rs2_s,
-                                  GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS,
-                                  FUSED_DQ)),
+                                  window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS,
+                                  FUSED_DQ, HAS_WINDOW)),
             (_load_partition, (q_desc, do_desc, q_s, do_s, lse_s, delta_s, ready, empty, C, CLQ, LSE, DELTA, RANGE,
-                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, Tq,
-                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
+                               stride_cb, stride_ch, stride_lb, stride_lh, b, hk, H, pid_n, n_blk, shift, Tq, window,
+                               GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, HAS_WINDOW)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],
@@ -303,17 +316,21 @@ def gluon_dkdv_kernel(q_desc, do_desc, k_desc, v_desc, C, CLQ, LSE, DELTA, DK, D
 
 @gluon.jit
 def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m, start_n,
-             my_first, my_last, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             s_layout: gl.constexpr, a_layout: gl.constexpr):
+             my_first, my_last, window, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             s_layout: gl.constexpr, a_layout: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """Key block ``start_n``, from ring slot ``i``."""
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-    if start_n <= my_last:  # else every key of the block lies past these rows
+    seen = start_n <= my_last  # else every key of the block lies past these rows
+    if HAS_WINDOW:  # or before every row's window
+        seen = seen & (start_n + BLOCK_N > my_first - window + 1)
+    if seen:
         k_t = k_s.index(s)
         v_t = v_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp = warpgroup_mma(do_s, v_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-        sc = biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N, s_layout, 1)
+        sc = biased_scores(sc, ck_s, s, pos_m, start_n, my_first, my_last, window, sm_scale2, BLOCK_N, s_layout, 1,
+                           HAS_WINDOW)
         p = gl.exp2(sc - lse2[:, None])
         dp = warpgroup_mma_wait(num_outstanding=0, deps=[dp])
         ds = p * (dp - delta[:, None])
@@ -327,9 +344,9 @@ def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2,
 @gluon.jit
 def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, do_all, k_s, v_s, ck_s, ready, empty, q_bar,
                           b, h, pid_bh, pid_m, first, t_q, t_k, stride_dqb, stride_dqt, stride_dqh,
-                          stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
+                          stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2, window,
                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                          HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr):
+                          HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """One warpgroup's share of the query block: rows [ROW0, ROW0 + ROWS)."""
     s_layout: gl.constexpr = wgmma_layout(BLOCK_N)
     dq_layout: gl.constexpr = wgmma_layout(HEAD_D)
@@ -354,11 +371,13 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
     zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     dq = gl.zeros([ROWS, HEAD_D], gl.float32, dq_layout)
     dc_row = gl.zeros([ROWS], gl.float32, row_layout)
-    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, window, BLOCK_M, BLOCK_N, HAS_THRESH,
+                            HAS_WINDOW)
     mbarrier.wait(q_bar, 0)
     for i in range(0, gl.cdiv(hi - lo, BLOCK_N)):
         dq, dc_row = _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2, delta, pos_m,
-                              lo + i * BLOCK_N, my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, a_layout)
+                              lo + i * BLOCK_N, my_first, my_last, window, sm_scale2, BLOCK_N, STAGES, s_layout,
+                              a_layout, HAS_WINDOW)
     gl.store(DC_ROW + b * stride_lb + h * stride_lh + offs_m, dc_row, mask=mask_m)
     rows = pid_m * BLOCK_M + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, dq_layout))
     cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, dq_layout))
@@ -371,10 +390,10 @@ def _dq_compute_partition(C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_all, d
 @gluon.jit
 def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols,
                     stride_dqb, stride_dqt, stride_dqh, stride_cb, stride_ch, stride_lb, stride_lh,
-                    H, Tq, Tk, sm_scale, sm_scale2, heads_per_group,
+                    H, Tq, Tk, sm_scale, sm_scale2, heads_per_group, window,
                     GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                    LOADER_REGS: gl.constexpr):
+                    LOADER_REGS: gl.constexpr, HAS_WINDOW: gl.constexpr):
     pid_m, pid_bh, b, h, hk, first = query_program(H, Tq, Tk, GROUP, BLOCK_M, heads_per_group)
     dtype: gl.constexpr = q_desc.dtype
     q_s = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_desc.layout)
@@ -391,14 +410,15 @@ def gluon_dq_kernel(q_desc, do_desc, k_desc, v_desc, C, CL, LSE, DELTA, DQ, DC_R
         [
             (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
-                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
-                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS)),
+                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2, window,
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, HAS_WINDOW)),
             (_dq_compute_partition, (C, LSE, DELTA, DQ, DC_ROW, RANGE, range_cols, q_s, do_s, k_s, v_s, ck_s, ready, empty, q_bar,
                                      b, h, pid_bh, pid_m, first, Tq, Tk, stride_dqb, stride_dqt, stride_dqh,
-                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2,
-                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS)),
+                                     stride_cb, stride_ch, stride_lb, stride_lh, sm_scale, sm_scale2, window,
+                                     HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, HAS_WINDOW)),
             (kv_load_partition, (k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
-                                 b, h, hk, pid_bh, pid_m, first, Tk, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)),
+                                 b, h, hk, pid_bh, pid_m, first, Tk, window, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH,
+                                 HAS_WINDOW)),
         ],
         [4, 1],
         [CONSUMER_REGS, LOADER_REGS],

@@ -42,22 +42,25 @@ def wgmma_layout(n):
 
 
 @gluon.jit
-def kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  HAS_THRESH: gl.constexpr):
+def kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, window, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, HAS_THRESH: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """Key blocks seen by the query block whose first row sits at key position ``first``: [lo, hi); with
-    pruning, those before lo are seen through a negligible decay (see triton.ranges.kept_ranges)."""
+    pruning, those before lo are seen through a negligible decay (see triton.ranges.kept_ranges); with a
+    sliding window of ``window`` keys, those before the first row's window are not seen at all."""
     hi = gl.minimum(first + BLOCK_M, t_k)
     if HAS_THRESH:
         lo = (gl.load(RANGE + pid_bh.to(gl.int64) * range_cols + pid_m) // BLOCK_N) * BLOCK_N
     else:
         lo = 0
+    if HAS_WINDOW:
+        lo = gl.maximum(lo, (gl.maximum(first - window + 1, 0) // BLOCK_N) * BLOCK_N)
     return lo, hi
 
 
 @gluon.jit
 def kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
-                 b, h, hk, pid_bh, pid_m, first, t_k, it0, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+                 b, h, hk, pid_bh, pid_m, first, t_k, window, it0, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """Fills the ring for one query block: per key block, the K and V tiles (TMA) and log2(e) * (c_j -
     c_first) of its keys, into the ring's slots from its ``it0``-th use on. Returns the next use's number."""
     vec_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
@@ -65,7 +68,8 @@ def kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, ran
     c_ptr = C + b * stride_cb + h * stride_ch
     cl_ptr = CL + b * stride_cb + h * stride_ch
     anchor = gl.load(c_ptr + first)
-    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, window, BLOCK_M, BLOCK_N, HAS_THRESH,
+                            HAS_WINDOW)
     n_blocks = gl.cdiv(hi - lo, BLOCK_N)
     for i in range(0, n_blocks):
         start_n = lo + i * BLOCK_N
@@ -86,19 +90,34 @@ def kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, ran
 
 @gluon.jit
 def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
-                      b, h, hk, pid_bh, pid_m, first, t_k, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
-                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr):
+                      b, h, hk, pid_bh, pid_m, first, t_k, window, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr,
+                      HAS_WINDOW: gl.constexpr):
     """The loader of a program that owns one query block (``kv_load_tile`` from the ring's first use)."""
     kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb, stride_ch,
-                 b, h, hk, pid_bh, pid_m, first, t_k, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH)
+                 b, h, hk, pid_bh, pid_m, first, t_k, window, 0, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH,
+                 HAS_WINDOW)
 
 
 @gluon.jit
-def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.constexpr,
-                  s_layout: gl.constexpr, PENDING: gl.constexpr):
+def window_mask(x, pos_m, start_n, my_last, window, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
+                HAS_WINDOW: gl.constexpr):
+    """``x`` (rows at key positions ``pos_m``, the last ``my_last``; key block ``start_n``) with the keys
+    before each row's sliding window set to -inf, where the block reaches before some row's window."""
+    if HAS_WINDOW:  # noqa: SIM102 (a compile-time test, then a run-time one)
+        if start_n <= my_last - window:
+            offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            x = gl.where(offs_n[None, :] > pos_m[:, None] - window, x, float("-inf"))
+    return x
+
+
+@gluon.jit
+def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, my_last, window, sm_scale2, BLOCK_N: gl.constexpr,
+                  s_layout: gl.constexpr, PENDING: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """The scores of key block ``start_n`` (ring slot ``s``) in log2 units less the rows' bias term: waits
     for the asynchronous ``sc = Q K^T`` (leaving the PENDING wgmma issued after it in flight), scales it,
-    takes off the keys' bias term and, on the diagonal, masks the keys past each row."""
+    takes off the keys' bias term and, on the diagonal, masks the keys past each row (with a window, also
+    those before it)."""
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     c_k2 = ck_s.index(s).load(col_layout)
     sc = warpgroup_mma_wait(num_outstanding=PENDING, deps=[sc])
@@ -106,7 +125,7 @@ def biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N: gl.
     if start_n + BLOCK_N - 1 > my_first:  # the diagonal (past the keys' end too: pos_m < t_k)
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         sc = gl.where(offs_n[None, :] <= pos_m[:, None], sc, float("-inf"))
-    return sc
+    return window_mask(sc, pos_m, start_n, my_last, window, BLOCK_N, s_layout, HAS_WINDOW)
 
 
 @gluon.jit

@@ -33,24 +33,32 @@ from fox_kernel.ops.gluon.common import (
     thread_barrier,
     tma_load,
     wgmma_layout,
+    window_mask,
 )
 
 
 @gluon.jit
 def _fwd_step(u, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, start_n, my_first, my_last,
-              sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-              o_layout: gl.constexpr, a_layout: gl.constexpr):
+              window, sm_scale2, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+              o_layout: gl.constexpr, a_layout: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """Key block ``start_n``, from the ring's ``u``-th use: online softmax in log2 units, less each row's
     bias term (a per-row constant, which the softmax does not see; the log-sum-exp gets it back at the end)."""
     s = u % STAGES
     mbarrier.wait(ready.index(s), (u // STAGES) & 1)
-    if start_n <= my_last:  # else every key of the block lies past these rows
+    seen = start_n <= my_last  # else every key of the block lies past these rows
+    if HAS_WINDOW:  # or before every row's window
+        seen = seen & (start_n + BLOCK_N > my_first - window + 1)
+    if seen:
         k_t = k_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
-        sc = biased_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, BLOCK_N, s_layout, 0)
+        sc = biased_scores(sc, ck_s, s, pos_m, start_n, my_first, my_last, window, sm_scale2, BLOCK_N, s_layout, 0,
+                           HAS_WINDOW)
         m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(sc - m_new[:, None])
+        m_use = m_new
+        if HAS_WINDOW:  # a row that has seen no key yet (all -inf so far) gets weights of 0, not NaN
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(sc - m_use[:, None])
         l_i = l_i * alpha + gl.sum(p, axis=1)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(k_s.dtype), a_layout), v_s.index(s), acc, is_async=True)
@@ -62,17 +70,19 @@ def _fwd_step(u, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, 
 
 @gluon.jit
 def _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_blocks, my_first, my_last,
-                     sm_scale2, it0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                     o_layout: gl.constexpr, a_layout: gl.constexpr):
+                     window, sm_scale2, it0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr, a_layout: gl.constexpr, HAS_WINDOW: gl.constexpr):
     for i in range(0, n_blocks):
         acc, m_i, l_i = _fwd_step(it0 + i, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo + i * BLOCK_N,
-                                  my_first, my_last, sm_scale2, BLOCK_N, STAGES, s_layout, o_layout, a_layout)
+                                  my_first, my_last, window, sm_scale2, BLOCK_N, STAGES, s_layout, o_layout, a_layout,
+                                  HAS_WINDOW)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, dtype: gl.constexpr,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr, ROWWISE: gl.constexpr):
+def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, my_last, window, sm_scale2, bound, l_i, dtype: gl.constexpr,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, a_layout: gl.constexpr, ROWWISE: gl.constexpr,
+                  HAS_WINDOW: gl.constexpr):
     """Key block ``start_n`` (ring slot ``s``) against the fixed bound (one for the tile, folded into the
     column term, or with ROWWISE one per row): the weights 2^(score - bound) as the A operand of the P V
     matmul, and the row sums grown by them (on the diagonal, by the rounded weights the matmul uses, so
@@ -82,6 +92,7 @@ def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, 
         x = sc * sm_scale2 - ck_s.index(s).load(col_layout)[None, :] - bound[:, None]
     else:
         x = sc * sm_scale2 - (ck_s.index(s).load(col_layout) + bound)[None, :]
+    x = window_mask(x, pos_m, start_n, my_last, window, BLOCK_N, s_layout, HAS_WINDOW)
     if start_n + BLOCK_N - 1 > my_first:  # the diagonal
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
         x = gl.where(offs_n[None, :] <= pos_m[:, None], x, float("-inf"))
@@ -95,9 +106,9 @@ def _fixed_scores(sc, ck_s, s, pos_m, start_n, my_first, sm_scale2, bound, l_i, 
 
 
 @gluon.jit
-def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine, my_first,
-                    sm_scale2, it0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                    a_layout: gl.constexpr, ROWWISE: gl.constexpr):
+def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine, my_first, my_last,
+                    window, sm_scale2, it0, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                    a_layout: gl.constexpr, ROWWISE: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """The softmax against a fixed bound: no row maximum and no rescaling of the output, so the matmuls
     are pipelined: block i's scores are issued before block i-1's P V and its exponentials run while
     that matmul does. The first ``n_mine`` blocks of the ring (from its ``it0``-th use) are this
@@ -107,8 +118,8 @@ def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, po
     mbarrier.wait(ready.index(s), (it0 // STAGES) & 1)
     sc = warpgroup_mma(q_s, k_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
     sc = warpgroup_mma_wait(num_outstanding=0, deps=[sc])
-    p, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo, my_first, sm_scale2, bound, l_i, dtype, BLOCK_N, s_layout,
-                           a_layout, ROWWISE)
+    p, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo, my_first, my_last, window, sm_scale2, bound, l_i, dtype, BLOCK_N,
+                           s_layout, a_layout, ROWWISE, HAS_WINDOW)
     for i in range(1, n_mine):
         u = it0 + i
         s = u % STAGES
@@ -117,8 +128,8 @@ def _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, po
         sc = warpgroup_mma(q_s, k_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
         acc = warpgroup_mma(p, v_s.index(prev), acc, is_async=True)
         sc = warpgroup_mma_wait(num_outstanding=1, deps=[sc])
-        p_next, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo + i * BLOCK_N, my_first, sm_scale2, bound, l_i, dtype,
-                                    BLOCK_N, s_layout, a_layout, ROWWISE)
+        p_next, l_i = _fixed_scores(sc, ck_s, s, pos_m, lo + i * BLOCK_N, my_first, my_last, window, sm_scale2, bound,
+                                    l_i, dtype, BLOCK_N, s_layout, a_layout, ROWWISE, HAS_WINDOW)
         acc, p = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p])
         ampere_mbarrier.arrive(empty.index(prev))
         p = p_next
@@ -149,10 +160,10 @@ def _fwd_bound(q_s, kmax2, c_q2, mask_m, sm_scale2, GAP: gl.constexpr, row_layou
 @gluon.jit
 def _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_empty,
               b, h, hk, HKV, pid_bh, pid_m, first, t_q, t_k, stride_ob, stride_ot, stride_oh,
-              stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, it0,
+              stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, window, it0,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
-              GAP: gl.constexpr):
+              GAP: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """One warpgroup's share of one query block: rows [ROW0, ROW0 + ROWS), its key blocks from the ring's
     ``it0``-th use on (returns the next use's number). With FIXED, the softmax runs against a fixed bound
     where it is tight enough for these rows (else online). Hands the query tile back (``q_empty``) once its
@@ -174,7 +185,8 @@ def _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, read
     acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([ROWS], gl.float32, row_layout)
-    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, BLOCK_M, BLOCK_N, HAS_THRESH)
+    lo, hi = kept_key_range(RANGE, range_cols, pid_bh, pid_m, first, t_k, window, BLOCK_M, BLOCK_N, HAS_THRESH,
+                            HAS_WINDOW)
     n_blocks = gl.cdiv(hi - lo, BLOCK_N)
     if FIXED:
         bound, tile_ok, row_bound, rows_ok = _fwd_bound(q_s, gl.load(KMAX2 + b * HKV + hk), row_term * LOG2E, mask_m,
@@ -183,16 +195,18 @@ def _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, read
         n_mine = gl.cdiv(gl.minimum(hi, my_last + 1) - lo, BLOCK_N)
         if tile_ok:
             acc, l_i = _fwd_fixed_loop(acc, l_i, bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_mine,
-                                       my_first, sm_scale2, it0, BLOCK_N, STAGES, s_layout, a_layout, False)
+                                       my_first, my_last, window, sm_scale2, it0, BLOCK_N, STAGES, s_layout, a_layout,
+                                       False, HAS_WINDOW)
             m_i = gl.full([ROWS], 0.0, gl.float32, row_layout) + bound
         elif rows_ok:  # the gates decay too much across the tile for one bound (one more tile op)
             acc, l_i = _fwd_fixed_loop(acc, l_i, row_bound, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
-                                       n_mine, my_first, sm_scale2, it0, BLOCK_N, STAGES, s_layout, a_layout, True)
+                                       n_mine, my_first, my_last, window, sm_scale2, it0, BLOCK_N, STAGES, s_layout,
+                                       a_layout, True, HAS_WINDOW)
             m_i = row_bound
         else:
             acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo,
-                                             n_blocks, my_first, my_last, sm_scale2, it0, BLOCK_N, STAGES, s_layout,
-                                             o_layout, a_layout)
+                                             n_blocks, my_first, my_last, window, sm_scale2, it0, BLOCK_N, STAGES,
+                                             s_layout, o_layout, a_layout, HAS_WINDOW)
             n_mine = n_blocks
         ampere_mbarrier.arrive(q_empty)
         for i in range(n_mine, n_blocks):
@@ -201,8 +215,8 @@ def _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, read
             ampere_mbarrier.arrive(empty.index(u % STAGES))
     else:
         acc, m_i, l_i = _fwd_online_loop(acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, lo, n_blocks,
-                                         my_first, my_last, sm_scale2, it0, BLOCK_N, STAGES, s_layout, o_layout,
-                                         a_layout)
+                                         my_first, my_last, window, sm_scale2, it0, BLOCK_N, STAGES, s_layout, o_layout,
+                                         a_layout, HAS_WINDOW)
         ampere_mbarrier.arrive(q_empty)
     lse = (m_i + gl.log2(l_i)) * LN2 + row_term
     gl.store(LSE + b * stride_lb + h * stride_lh + offs_m, lse, mask=mask_m)
@@ -225,10 +239,10 @@ def _next_tile(tile_s, q_bar, phase):
 @gluon.jit
 def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_bar,
                            q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob, stride_ot, stride_oh,
-                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, GROUP: gl.constexpr,
+                           stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, window, GROUP: gl.constexpr,
                            HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                            HAS_THRESH: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, FIXED: gl.constexpr,
-                           GAP: gl.constexpr):
+                           GAP: gl.constexpr, HAS_WINDOW: gl.constexpr):
     """One consumer warpgroup: rows [ROW0, ROW0 + ROWS) of every query tile the loader hands this program."""
     n_tiles = gl.cdiv(Tq, BLOCK_M) * n_bh
     n = 0
@@ -238,8 +252,8 @@ def _fwd_compute_partition(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_
         pid_m, pid_bh, b, h, hk, first = query_tile(t, n_bh, heads_per_group, H, Tq, Tk, GROUP, BLOCK_M)
         it = _fwd_tile(C, OUT, LSE, RANGE, range_cols, KMAX2, q_all, k_s, v_s, ck_s, ready, empty, q_empty,
                        b, h, hk, HKV, pid_bh, pid_m, first, Tq, Tk, stride_ob, stride_ot, stride_oh,
-                       stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, it,
-                       HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROW0, ROWS, FIXED, GAP)
+                       stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2, window, it,
+                       HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROW0, ROWS, FIXED, GAP, HAS_WINDOW)
         n += 1
         t = _next_tile(tile_s, q_bar, n & 1)
 
@@ -256,8 +270,9 @@ def _hand_out(tile_s, q_empty, n, t):
 @gluon.jit
 def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, empty, q_bar, q_empty, tile_s,
                         COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk, n_bh, heads_per_group,
-                        GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMERS: gl.constexpr):
+                        window, GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMERS: gl.constexpr,
+                        HAS_WINDOW: gl.constexpr):
     """The loader: takes query tiles, the program's own first and then the next not yet taken (an atomic
     counter), hands each to the consumers (its number and its Q tiles, once they have handed the last
     one's back) and streams its key blocks through the ring; past the last tile it hands out the end."""
@@ -274,8 +289,8 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, em
         for c in gl.static_range(CONSUMERS):
             tma_load(q_desc, [b * Tq + pid_m * BLOCK_M + c * ROWS, h * HEAD_D], q_bar, q_all.index(c))
         it = kv_load_tile(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE, range_cols, stride_cb,
-                          stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, it, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
-                          HAS_THRESH)
+                          stride_ch, b, h, hk, pid_bh, pid_m, first, Tk, window, it, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
+                          HAS_THRESH, HAS_WINDOW)
         n += 1
         t = gl.num_programs(0) + gl.atomic_add(COUNTER, 1)
     _hand_out(tile_s, q_empty, n, t)
@@ -285,10 +300,11 @@ def _fwd_load_partition(q_desc, k_desc, v_desc, q_all, k_s, v_s, ck_s, ready, em
 @gluon.jit
 def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols, KMAX2, COUNTER,
                      stride_ob, stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh,
-                     H, Tq, Tk, sm_scale2, n_bh, heads_per_group,
+                     H, Tq, Tk, sm_scale2, n_bh, heads_per_group, window,
                      GROUP: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, HAS_THRESH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr):
+                     LOADER_REGS: gl.constexpr, FIXED: gl.constexpr, GAP: gl.constexpr, CONSUMERS: gl.constexpr,
+                     HAS_WINDOW: gl.constexpr):
     """Output and log-sum-exp of query tiles of BLOCK_M queries, each split between CONSUMERS warpgroups;
     a program runs tiles until none is left (``COUNTER``: an int32 0, counting the tiles taken past the
     programs' first). With FIXED (``KMAX2``: the largest squared key norm per (row, key/value head)) each
@@ -311,15 +327,17 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
+                                          window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED,
+                                          GAP, HAS_WINDOW)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
+                                          window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED,
+                                          GAP, HAS_WINDOW)),
                 (_fwd_load_partition, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ck_s, ready, empty, q_bar, q_empty,
                                        tile_s, COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk,
-                                       n_bh, heads_per_group, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH,
-                                       CONSUMERS)),
+                                       n_bh, heads_per_group, window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
+                                       HAS_THRESH, CONSUMERS, HAS_WINDOW)),
             ],
             [4, 1],
             [CONSUMER_REGS, LOADER_REGS],
@@ -331,20 +349,22 @@ def gluon_fwd_kernel(q_desc, k_desc, v_desc, C, CL, OUT, LSE, RANGE, range_cols,
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED, GAP)),
+                                          window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 0, ROWS, FIXED,
+                                          GAP, HAS_WINDOW)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED, GAP)),
+                                          window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, ROWS, ROWS, FIXED,
+                                          GAP, HAS_WINDOW)),
                 (_fwd_compute_partition, (C, OUT, LSE, RANGE, range_cols, KMAX2, q_s, k_s, v_s, ck_s, ready, empty,
                                           q_bar, q_empty, tile_s, HKV, H, Tq, Tk, n_bh, heads_per_group, stride_ob,
                                           stride_ot, stride_oh, stride_cb, stride_ch, stride_lb, stride_lh, sm_scale2,
-                                          GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS, FIXED,
-                                          GAP)),
+                                          window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH, 2 * ROWS, ROWS,
+                                          FIXED, GAP, HAS_WINDOW)),
                 (_fwd_load_partition, (q_desc, k_desc, v_desc, q_s, k_s, v_s, ck_s, ready, empty, q_bar, q_empty,
                                        tile_s, COUNTER, C, CL, RANGE, range_cols, stride_cb, stride_ch, H, Tq, Tk,
-                                       n_bh, heads_per_group, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES, HAS_THRESH,
-                                       CONSUMERS)),
+                                       n_bh, heads_per_group, window, GROUP, HEAD_D, BLOCK_M, BLOCK_N, STAGES,
+                                       HAS_THRESH, CONSUMERS, HAS_WINDOW)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, LOADER_REGS],

@@ -1,7 +1,7 @@
 """Launchers of the Gluon kernels: the forward and the backward (dK/dV then dQ, or the one-pass dK/dV).
 
 They run where ``dispatch`` sends them: an sm90 GPU, bfloat16 or float16, head dim 64 or 128, fixed-length
-batches without ``seq_start`` or a window (with or without pruning), a Triton build with Gluon. The small
+batches without ``seq_start`` (with or without pruning or a sliding window), a Triton build with Gluon. The small
 kernels around them (prefix sums, local sums, kept ranges, norms) are the Triton ones.
 """
 
@@ -41,14 +41,14 @@ def forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
     norms), else the online softmax. With "auto" pruning it takes the per-head bound rather than the Triton
     forward's per-tile one, and prunes through the table of kept key ranges, as the dQ pass does. The prefix
     sums and the q/k norms come from one launch, the bound, the ranges and the local sums from a second
-    (``prologue``). The call has neither ``seq_start``, ``cu_seqlens`` nor a window (``dispatch`` sends no
-    such call here).
+    (``prologue``). The call has neither ``seq_start`` nor ``cu_seqlens`` (``dispatch`` sends no such call
+    here); a sliding window (``call.window``) narrows each pass's block ranges and masks the keys before it.
     A call of a key that has run before replays that run's launches (``_Plan``)."""
     if not PLANS or not launch.replayable():
         return _forward(q, k, v, log_fgate, call, fixed)[0]
     inputs = dict(q=q, k=k, v=v, log_fgate=log_fgate, call_threshold=call.threshold)
     key = ("forward", _layout(q, k, v, log_fgate, call.threshold), call.sm_scale, call.auto_log_eps, call.zero_gates,
-           fixed)
+           fixed, call.window)
     plan = _PLANS.get(key)
     if plan is None:
         with _recording() as (launches, taken):
@@ -97,10 +97,10 @@ def _forward(q, k, v, log_fgate, call: AttentionCall, fixed: bool):
         _descriptor(q, block_m // consumers), _descriptor(k, block_n), _descriptor(v, block_n), c, cl, out, lse, ranges,
         0 if ranges is None else ranges.shape[1], kmax2, counter, out.stride(0), out.stride(1), out.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1), H, Tq, Tk, sm_scale * LOG2E.value, B * H,
-        heads_per_group,
+        heads_per_group, call.window,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
         CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FIXED=fixed, GAP=FIXED_BOUND_GAP, CONSUMERS=consumers,
-        num_warps=4,
+        HAS_WINDOW=call.has_window, num_warps=4,
     )
     made = dict(c=c, z=z, x_norms=x_norms, y_norms=y_norms, counter=counter, out=out, lse=lse, cl=cl, kmax2=kmax2_all,
                 ranges=ranges, threshold=threshold if auto else None)
@@ -233,7 +233,7 @@ def backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
     if one_pass or not PLANS or not launch.replayable():
         return _backward(do, q, k, v, c, lse, out, call, one_pass)[0]
     inputs = dict(do=do, q=q, k=k, v=v, c=c, lse=lse, out=out, call_threshold=call.threshold)
-    key = ("backward", _layout(do, q, k, v, c, lse, out, call.threshold), call.sm_scale)
+    key = ("backward", _layout(do, q, k, v, c, lse, out, call.threshold), call.sm_scale, call.window)
     plan = _PLANS.get(key)
     if plan is None:
         with _recording() as (launches, taken):
@@ -261,22 +261,23 @@ def _backward(do, q, k, v, c, lse, out, call: AttentionCall, one_pass: bool):
         out, do, c, threshold, Tk, blocks["BLOCK_M"], (Tk - Tq) % blocks["BLOCK_M"],
         None if one_pass else dq_blocks["BLOCK_N"], blocks, dq_blocks)
     kv = (_descriptor(k, blocks["BLOCK_N"]), _descriptor(v, blocks["BLOCK_N"]))
-    _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges, dq if one_pass else None,
+    _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, call.window, ranges, dq if one_pass else None,
           dc_row if one_pass else None)
     if not one_pass:
         if dq_blocks["BLOCK_N"] != blocks["BLOCK_N"]:
             kv = (_descriptor(k, dq_blocks["BLOCK_N"]), _descriptor(v, dq_blocks["BLOCK_N"]))
-        _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, dq_ranges)
+        _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, call.window, dq_ranges)
     made = dict(dq=dq, dk=dk, dv=dv, dc=dc, dc_row=dc_row, delta=delta, clq=clq, cl=cl, ranges=ranges,
                 dq_ranges=dq_ranges)
     return ((dq, dk, dv, dc, dc_row), delta), made
 
 
-def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=None, dc_row=None):
+def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, window=0, ranges=None, dq=None, dc_row=None):
     """dK, dV and the column term of dc (written into ``dk``, ``dv``, ``dc``). ``kv``: the key and value
     descriptors in tiles of the pass's BLOCK_N rows. ``clq``: the local sums
-    of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see sums.local_sums); ``ranges``:
-    with pruning, the end of the kept queries of each (row, head, key block).
+    of ``c`` over query tiles of ``gluon_blocks(D)["BLOCK_M"]`` rows (see sums.local_sums); ``window``: the
+    sliding window (0: none); ``ranges``: with pruning, the end of the kept queries of each (row, head, key
+    block).
 
     The one-pass backward: given ``dq`` and ``dc_row`` (float32 (B, H, Tq)), also writes dQ and the row
     term of dc into them (the dQ pass's outputs, see _dq)."""
@@ -303,9 +304,9 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
         c, clq, lse, delta, dk, dv, dc, ranges, dq_desc, rs_desc,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group,
+        H, Hkv, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group, window,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, FUSED_DQ=one_pass, HAS_WINDOW=window > 0,
         num_warps=4,  # the first consumer warpgroup; the second and the loader are warp_specialize workers
     )
     if one_pass:
@@ -313,11 +314,11 @@ def _dkdv(q, kv, do, c, clq, lse, delta, dk, dv, dc, sm_scale, ranges=None, dq=N
         torch.sum(row_sums[:, :Tq].view(B, H, 4, Tq), dim=2, out=dc_row)
 
 
-def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
+def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, window=0, ranges=None):
     """dQ and the row term of dc (written into ``dq``, ``dc_row``). ``kv``: the key and value descriptors in
     tiles of the pass's BLOCK_N rows. ``cl``: the local sums of ``c`` over
-    key tiles of ``gluon_blocks(D, "dq")["BLOCK_N"]`` rows; ``ranges``: with pruning, the first kept key
-    of each (row, head, query block)."""
+    key tiles of ``gluon_blocks(D, "dq")["BLOCK_N"]`` rows; ``window``: the sliding window (0: none);
+    ``ranges``: with pruning, the first kept key of each (row, head, query block)."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     block_m, block_n, stages, regs, loader_regs = GLUON_DQ_TILES[D]
@@ -326,9 +327,9 @@ def _dq(q, k, kv, do, c, cl, lse, delta, dq, dc_row, sm_scale, ranges=None):
         _descriptor(q, block_m), _descriptor(do, block_m), *kv,
         c, cl, lse, delta, dq, dc_row, ranges, 0 if ranges is None else ranges.shape[1],
         dq.stride(0), dq.stride(1), dq.stride(2), c.stride(0), c.stride(1), lse.stride(0), lse.stride(1),
-        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group,
+        H, Tq, Tk, sm_scale, sm_scale * LOG2E.value, heads_per_group, window,
         GROUP=H // Hkv, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, HAS_THRESH=ranges is not None,
-        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, num_warps=4,
+        CONSUMER_REGS=regs, LOADER_REGS=loader_regs, HAS_WINDOW=window > 0, num_warps=4,
     )
 
 
