@@ -222,14 +222,14 @@ def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W, monkeypatch):
     """A sliding window runs on the Gluon kernels: output and gradients against float64 and the reference
     in the inputs' type, no further from float64 than the Triton kernels' (which run windows on their own
     ranges), in both forward forms (fixed bound, online) and, at D=64, with the one-pass backward. The
-    Gluon backward runs every window here (by default narrow ones at D=64 take the Triton backward)."""
-    from fox_kernel.ops.gluon.tiles import GLUON_BWD_MIN_WINDOW
+    Gluon kernels run every window here (by default narrow ones at D=64 take the Triton kernels)."""
+    from fox_kernel.ops.gluon.tiles import GLUON_MIN_WINDOW
 
-    narrow = GLUON_BWD_MIN_WINDOW[D] > W
-    plan = dispatch.backward_plan(torch.empty(1, 1, 1, D, device="cuda", dtype=dtype),
-                                  AttentionCall(D**-0.5, window=W, options=KernelOptions()))
-    assert plan[0] is (dispatch.Backend.TRITON if narrow else dispatch.Backend.GLUON)
-    monkeypatch.setitem(GLUON_BWD_MIN_WINDOW, D, 1)
+    x = torch.empty(1, 1, 1, D, device="cuda", dtype=dtype)
+    default = AttentionCall(D**-0.5, window=W, options=KernelOptions())
+    want = dispatch.Backend.TRITON if GLUON_MIN_WINDOW[D] > W else dispatch.Backend.GLUON
+    assert dispatch.forward_backend(x, x, default) is want and dispatch.backward_plan(x, default)[0] is want
+    monkeypatch.setitem(GLUON_MIN_WINDOW, D, 1)
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, "fast", seed=Tq + W)
     references = []  # float64, then the inputs' own types
     for cast in (lambda x: x.double(), lambda x: x.clone()):
@@ -261,12 +261,12 @@ def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W, monkeypatch):
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_gluon_sliding_window_with_pruning(D, monkeypatch):
-    """A window and "auto" pruning together: the ranges of both narrow the blocks (the Gluon backward too,
-    made to run this window at D=64); within the bound's tolerance of the exact windowed call and of the
+    """A window and "auto" pruning together: the ranges of both narrow the blocks (the Gluon kernels made to
+    run this window at D=64 too); within the bound's tolerance of the exact windowed call and of the
     Triton kernels' pruned windowed call."""
-    from fox_kernel.ops.gluon.tiles import GLUON_BWD_MIN_WINDOW
+    from fox_kernel.ops.gluon.tiles import GLUON_MIN_WINDOW
 
-    monkeypatch.setitem(GLUON_BWD_MIN_WINDOW, D, 1)
+    monkeypatch.setitem(GLUON_MIN_WINDOW, D, 1)
     inputs, do = _inputs(2, 1500, 1500, 4, 2, D, torch.bfloat16, "fast", seed=11)
 
     def outputs(options=None, **kw):

@@ -6,8 +6,8 @@
   PyTorch twin.
 * The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
   (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``,
-  with or without a sliding window, Triton 3.6 or newer with Gluon; the backward not for windows narrower
-  than ``GLUON_BWD_MIN_WINDOW``), else the Triton kernels. A Gluon kernel that fails to
+  sliding windows of at least ``GLUON_MIN_WINDOW`` keys, Triton 3.6 or newer with Gluon), else the Triton
+  kernels. A Gluon kernel that fails to
   compile (a Triton whose Gluon has moved on) hands the process over to the Triton kernels (``_run_gluon``).
 * The backward mode: two passes (dK/dV, then dQ; bit-reproducible) or one pass adding dQ in with atomics
   (``KernelOptions.backward="fused"``, never under ``torch.use_deterministic_algorithms``).
@@ -41,8 +41,8 @@ from fox_kernel.ops import zero_flags
 from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import (
-    GLUON_BWD_MIN_WINDOW,
-    GLUON_FWD_MAX_KEYS,
+        GLUON_FWD_MAX_KEYS,
+    GLUON_MIN_WINDOW,
     GLUON_ONE_PASS_DIMS,
     GLUON_TILES,
 )
@@ -75,7 +75,7 @@ def _gluon_applies(q, call: AttentionCall) -> bool:
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
         return False
-    if call.seq_start is not None or call.varlen:
+    if call.seq_start is not None or call.varlen or (call.has_window and call.window < GLUON_MIN_WINDOW[q.shape[-1]]):
         return False
     from fox_kernel.ops import gluon
 
@@ -121,8 +121,7 @@ def backward_plan(q, call: AttentionCall) -> tuple[Backend, bool]:
     """(backend, one pass) of the backward."""
     if not runs_triton(q) or call.options.torch_path:
         return Backend.TORCH, False
-    narrow = call.has_window and call.window < GLUON_BWD_MIN_WINDOW.get(q.shape[-1], 1)
-    if _gluon_applies(q, call) and not narrow:
+    if _gluon_applies(q, call):
         # the Gluon one pass holds float32 dQ tiles in shared memory: GLUON_ONE_PASS_DIMS only
         return Backend.GLUON, one_pass_backward(call.options) and q.shape[-1] in GLUON_ONE_PASS_DIMS
     return Backend.TRITON, one_pass_backward(call.options)
