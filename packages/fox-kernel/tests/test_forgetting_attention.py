@@ -304,6 +304,39 @@ def test_gluon_switch_is_checked():
     assert backward_plan(q, AttentionCall(1.0, options=KernelOptions(backward="fused"))) == (want, INTERPRET)
 
 
+def test_which_calls_take_the_gluon_kernels(monkeypatch):
+    """The routing rules on a Hopper GPU, with the device checks stood in for (``_gluon_applies`` reads only
+    the dtype, the head dim, the device's major version and the call): 16-bit, head dim 64 or 128, no
+    ``seq_start`` or packing, windows from GLUON_MIN_WINDOW keys on; the forward and the backward agree."""
+    import types
+
+    from fox_kernel.ops import dispatch, gluon
+    from fox_kernel.ops.call import AttentionCall
+    from fox_kernel.ops.dispatch import Backend
+    from fox_kernel.ops.gluon.tiles import GLUON_MIN_WINDOW
+
+    monkeypatch.setattr(dispatch, "INTERPRET", False)
+    monkeypatch.setattr(dispatch, "runs_triton", lambda x: True)
+    monkeypatch.setattr(dispatch, "sm_major", lambda device: 9)
+    monkeypatch.setattr(gluon, "available", lambda: True)
+
+    def backend(D=64, dtype=torch.bfloat16, **call):
+        q = types.SimpleNamespace(is_cuda=True, device="cuda", dtype=dtype, shape=(1, 100, 2, D))
+        c = AttentionCall(D**-0.5, options=KernelOptions(), **call)
+        forward, (backward, _) = dispatch.forward_backend(q, q, c), dispatch.backward_plan(q, c)
+        assert forward is backward, (D, dtype, call)
+        return forward
+
+    assert backend() is backend(D=128) is backend(dtype=torch.float16) is Backend.GLUON
+    assert backend(D=80) is backend(dtype=torch.float32) is Backend.TRITON
+    assert backend(seq_start=torch.zeros(1, dtype=torch.int32)) is Backend.TRITON
+    assert backend(cu_seqlens=torch.tensor([0, 100], dtype=torch.int32)) is Backend.TRITON
+    for D, least in GLUON_MIN_WINDOW.items():
+        assert backend(D=D, window=least) is Backend.GLUON
+        assert backend(D=D, window=least - 1) is (Backend.TRITON if least > 1 else Backend.GLUON)
+    assert backend(D=64, window=512) is Backend.TRITON and backend(D=128, window=512) is Backend.GLUON
+
+
 def test_options_from_the_environment_and_in_a_block():
     """Every switch has its variable; a call without options takes the innermost kernel_options block's,
     and its backward runs with them (the key a call passes through the custom op)."""
