@@ -41,7 +41,7 @@ from fox_kernel.ops import zero_flags
 from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import (
-        GLUON_FWD_MAX_KEYS,
+    GLUON_FWD_MAX_KEYS,
     GLUON_MIN_WINDOW,
     GLUON_ONE_PASS_DIMS,
     GLUON_TILES,
