@@ -35,12 +35,13 @@ def _inputs(B, Tq, Tk, H, Hkv, D, dtype, speed, seed):
     return [cast(q, dtype), cast(k, dtype), cast(v, dtype), cast(lf, torch.float32)], do.to("cuda", dtype)
 
 
-def _reference(inputs, do):
-    """(output, gradients) of the PyTorch reference in float64 and in the inputs' own types."""
+def _reference(inputs, do, **kw):
+    """(output, gradients) of the PyTorch reference in float64 and in the inputs' own types; ``kw``: the
+    reference's options (``window_size``)."""
     results = []
     for cast in (lambda x: x.double(), lambda x: x.clone()):
         leaves = [cast(x.detach()).requires_grad_() for x in inputs]
-        out = forgetting_attention_ref(*leaves)
+        out = forgetting_attention_ref(*leaves, **kw)
         results.append((out.detach(), *torch.autograd.grad(out, leaves, cast(do))))
     return results
 
@@ -156,6 +157,15 @@ def test_gluon_reads_strided_and_head_first_inputs():
         assert_close_to_reference(a, e, s, name=name, factor=3.0)
 
 
+def _assert_pruned_close(exact, pruned, pruned_triton):
+    """Output and gradients of a pruned call within the bound's tolerance of the exact call's and of the
+    Triton kernels' pruned call's."""
+    for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
+        scale = max(e.float().abs().max().item(), 1.0)
+        assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+        assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+
+
 @pytest.mark.parametrize("backward", ["two-pass", "fused"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("Tq", [1500, 732])
@@ -175,11 +185,7 @@ def test_gluon_with_pruning(backward, D, Tq):
         return (out.detach(), *torch.autograd.grad(out, inputs, do))
 
     exact, pruned, loose = outputs(), outputs(adaptive_threshold="auto"), outputs(adaptive_threshold=-0.5)
-    pruned_triton = outputs(KernelOptions(gluon=False), adaptive_threshold="auto")
-    for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
-        scale = max(e.float().abs().max().item(), 1.0)
-        assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
-        assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+    _assert_pruned_close(exact, pruned, outputs(KernelOptions(gluon=False), adaptive_threshold="auto"))
     assert max((e.float() - lo.float()).abs().max().item() for e, lo in zip(exact, loose)) > 0.05
 
 
@@ -231,12 +237,7 @@ def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W, monkeypatch):
     assert dispatch.forward_backend(x, x, default) is want and dispatch.backward_plan(x, default)[0] is want
     monkeypatch.setitem(GLUON_MIN_WINDOW, D, 1)
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, "fast", seed=Tq + W)
-    references = []  # float64, then the inputs' own types
-    for cast in (lambda x: x.double(), lambda x: x.clone()):
-        leaves = [cast(x.detach()).requires_grad_() for x in inputs]
-        out = forgetting_attention_ref(*leaves, window_size=W)
-        references.append((out.detach(), *torch.autograd.grad(out, leaves, cast(do))))
-    exact, same = references
+    exact, same = _reference(inputs, do, window_size=W)
     modes = [KernelOptions(), KernelOptions(fixed_bound=False)]
     if D in GLUON_ONE_PASS_DIMS:
         modes.append(KernelOptions(backward="fused"))
@@ -273,9 +274,5 @@ def test_gluon_sliding_window_with_pruning(D, monkeypatch):
         out = forgetting_attention(*inputs, window_size=700, options=options or KernelOptions(), **kw)
         return (out.detach(), *torch.autograd.grad(out, inputs, do))
 
-    exact, pruned = outputs(), outputs(adaptive_threshold="auto")
-    pruned_triton = outputs(KernelOptions(gluon=False), adaptive_threshold="auto")
-    for name, e, p, t in zip(("out", "dq", "dk", "dv", "dlog_fgate"), exact, pruned, pruned_triton):
-        scale = max(e.float().abs().max().item(), 1.0)
-        assert (e.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
-        assert (t.float() - p.float()).abs().max().item() <= 3e-2 * scale, name
+    _assert_pruned_close(outputs(), outputs(adaptive_threshold="auto"),
+                         outputs(KernelOptions(gluon=False), adaptive_threshold="auto"))
