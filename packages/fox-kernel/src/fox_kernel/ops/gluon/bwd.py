@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fox_kernel.ops.constants import LOG2E
 from fox_kernel.ops.gluon.common import (
     biased_scores,
+    block_seen,
     kept_key_range,
     kv_load_partition,
     kv_ring,
@@ -321,10 +322,7 @@ def _dq_step(i, dq, dc_row, q_s, do_s, k_s, v_s, ck_s, ready, empty, zero, lse2,
     """Key block ``start_n``, from ring slot ``i``."""
     s = i % STAGES
     mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-    seen = start_n <= my_last  # else every key of the block lies past these rows
-    if HAS_WINDOW:  # or before every row's window
-        seen = seen & (start_n + BLOCK_N > my_first - window + 1)
-    if seen:
+    if block_seen(start_n, my_first, my_last, window, BLOCK_N, HAS_WINDOW):
         k_t = k_s.index(s)
         v_t = v_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)

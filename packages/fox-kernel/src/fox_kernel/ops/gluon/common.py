@@ -100,6 +100,16 @@ def kv_load_partition(k_desc, v_desc, k_s, v_s, ck_s, ready, empty, C, CL, RANGE
 
 
 @gluon.jit
+def block_seen(start_n, my_first, my_last, window, BLOCK_N: gl.constexpr, HAS_WINDOW: gl.constexpr):
+    """Whether some row of the query block (key positions ``my_first``..``my_last``) sees a key of block
+    ``start_n``: not when every key lies past the last row, nor, with a window, before every row's window."""
+    seen = start_n <= my_last
+    if HAS_WINDOW:
+        seen = seen & (start_n + BLOCK_N > my_first - window + 1)
+    return seen
+
+
+@gluon.jit
 def window_mask(x, pos_m, start_n, my_last, window, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
                 HAS_WINDOW: gl.constexpr):
     """``x`` (rows at key positions ``pos_m``, the last ``my_last``; key block ``start_n``) with the keys

@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from fox_kernel.ops.constants import LN2, LOG2E
 from fox_kernel.ops.gluon.common import (
     biased_scores,
+    block_seen,
     kept_key_range,
     kv_load_tile,
     kv_ring,
@@ -45,10 +46,7 @@ def _fwd_step(u, acc, m_i, l_i, q_s, k_s, v_s, ck_s, ready, empty, zero, pos_m, 
     bias term (a per-row constant, which the softmax does not see; the log-sum-exp gets it back at the end)."""
     s = u % STAGES
     mbarrier.wait(ready.index(s), (u // STAGES) & 1)
-    seen = start_n <= my_last  # else every key of the block lies past these rows
-    if HAS_WINDOW:  # or before every row's window
-        seen = seen & (start_n + BLOCK_N > my_first - window + 1)
-    if seen:
+    if block_seen(start_n, my_first, my_last, window, BLOCK_N, HAS_WINDOW):
         k_t = k_s.index(s)
         sc = warpgroup_mma(q_s, k_t.permute((1, 0)), zero, use_acc=False, is_async=True)
         sc = biased_scores(sc, ck_s, s, pos_m, start_n, my_first, my_last, window, sm_scale2, BLOCK_N, s_layout, 0,
