@@ -307,13 +307,12 @@ def test_gluon_switch_is_checked():
 def test_which_calls_take_the_gluon_kernels(monkeypatch):
     """The routing rules on a Hopper GPU, with the device checks stood in for (``_gluon_applies`` reads only
     the dtype, the head dim, the device's major version and the call): 16-bit, head dim 64 or 128, no
-    ``seq_start`` or packing, windows from GLUON_MIN_WINDOW keys on; the forward and the backward agree."""
+    ``seq_start`` or packing, a sliding window of any width; the forward and the backward agree."""
     import types
 
     from fox_kernel.ops import dispatch, gluon
     from fox_kernel.ops.call import AttentionCall
     from fox_kernel.ops.dispatch import Backend
-    from fox_kernel.ops.gluon.tiles import GLUON_MIN_WINDOW
 
     monkeypatch.setattr(dispatch, "INTERPRET", False)
     monkeypatch.setattr(dispatch, "runs_triton", lambda x: True)
@@ -331,10 +330,10 @@ def test_which_calls_take_the_gluon_kernels(monkeypatch):
     assert backend(D=80) is backend(dtype=torch.float32) is Backend.TRITON
     assert backend(seq_start=torch.zeros(1, dtype=torch.int32)) is Backend.TRITON
     assert backend(cu_seqlens=torch.tensor([0, 100], dtype=torch.int32)) is Backend.TRITON
-    for D, least in GLUON_MIN_WINDOW.items():
-        assert backend(D=D, window=least) is Backend.GLUON
-        assert backend(D=D, window=least - 1) is (Backend.TRITON if least > 1 else Backend.GLUON)
-    assert backend(D=64, window=512) is Backend.TRITON and backend(D=128, window=512) is Backend.GLUON
+    for D in (64, 128):
+        for window in (1, 45, 512, 2048):
+            assert backend(D=D, window=window) is Backend.GLUON
+    assert backend(D=64, window=512, seq_start=torch.zeros(1, dtype=torch.int32)) is Backend.TRITON
 
 
 def test_options_from_the_environment_and_in_a_block():

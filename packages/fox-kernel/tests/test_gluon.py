@@ -224,18 +224,11 @@ def test_pruned_forward_past_the_online_limit(dtype):
     (2, 333, 1000, 4, 2, 200),     # queries shorter than keys
     (1, 500, 500, 2, 2, 5000),     # wider than the sequence: full attention
 ])
-def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W, monkeypatch):
-    """A sliding window runs on the Gluon kernels: output and gradients against float64 and the reference
-    in the inputs' type, no further from float64 than the Triton kernels' (which run windows on their own
-    ranges), in both forward forms (fixed bound, online) and, at D=64, with the one-pass backward. The
-    Gluon kernels run every window here (by default narrow ones at D=64 take the Triton kernels)."""
-    from fox_kernel.ops.gluon.tiles import GLUON_MIN_WINDOW
-
-    x = torch.empty(1, 1, 1, D, device="cuda", dtype=dtype)
-    default = AttentionCall(D**-0.5, window=W, options=KernelOptions())
-    want = dispatch.Backend.TRITON if GLUON_MIN_WINDOW[D] > W else dispatch.Backend.GLUON
-    assert dispatch.forward_backend(x, x, default) is want and dispatch.backward_plan(x, default)[0] is want
-    monkeypatch.setitem(GLUON_MIN_WINDOW, D, 1)
+def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W):
+    """A sliding window runs on the Gluon kernels, at every width: output and gradients against float64 and
+    the reference in the inputs' type, no further from float64 than the Triton kernels' (which run windows
+    on their own ranges), in both forward forms (fixed bound, online) and, at D=64, with the one-pass
+    backward."""
     inputs, do = _inputs(B, Tq, Tk, H, Hkv, D, dtype, "fast", seed=Tq + W)
     exact, same = _reference(inputs, do, window_size=W)
     modes = [KernelOptions(), KernelOptions(fixed_bound=False)]
@@ -261,13 +254,10 @@ def test_gluon_sliding_window(D, dtype, B, Tq, Tk, H, Hkv, W, monkeypatch):
 
 
 @pytest.mark.parametrize("D", [64, 128])
-def test_gluon_sliding_window_with_pruning(D, monkeypatch):
-    """A window and "auto" pruning together: the ranges of both narrow the blocks (the Gluon kernels made to
-    run this window at D=64 too); within the bound's tolerance of the exact windowed call and of the
-    Triton kernels' pruned windowed call."""
-    from fox_kernel.ops.gluon.tiles import GLUON_MIN_WINDOW
-
-    monkeypatch.setitem(GLUON_MIN_WINDOW, D, 1)
+def test_gluon_sliding_window_with_pruning(D):
+    """A window and "auto" pruning together on the Gluon kernels: the ranges of both narrow the blocks;
+    within the bound's tolerance of the exact windowed call and of the Triton kernels' pruned windowed
+    call."""
     inputs, do = _inputs(2, 1500, 1500, 4, 2, D, torch.bfloat16, "fast", seed=11)
 
     def outputs(options=None, **kw):

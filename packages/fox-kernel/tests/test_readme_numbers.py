@@ -151,3 +151,27 @@ def test_the_recorded_launches_host_table_is_host_overheads_runs():
         values = [runs[d][cases[name]][key] for d in (128, 64) for key in ("host_us", "host_us_launched")]
         for cell, value in zip(cells, values):
             assert _number(cell.replace(",", "")) == round(value), (name, cell, value)
+
+
+def test_the_gluon_window_table_is_bench_windows_run():
+    """Each cell of "Windows on the Gluon kernels"' table against the ``bench_window.py`` run it cites, and the
+    kernel times of the sentence after it against the ``profile_window.py`` run."""
+    marker = "**Windows on the Gluon kernels**"
+    paragraph = README[README.index(marker):README.index("### Adaptive computation pruning")]
+    name = re.search(r"`benchmarks/(window-gluon-all-[^`]+)\.\{json,log\}`", paragraph).group(1)
+    runs = json.loads((ROOT / "benchmarks" / f"{name}.json").read_text())["window"]
+    rows = _table_after(marker)
+    assert len(rows) == len(runs) == 8
+    keys = ("ours window fwd ms", "ours window, Triton fwd ms", "ours window fwd+bwd ms",
+            "ours window, Triton fwd+bwd ms", "triton/ours fwd+bwd", "ours full fwd+bwd ms", "fla window fwd+bwd ms")
+    for row, run in zip(rows, runs):
+        assert row[0] == f"{run['T'] // 1024}k, {run['D']}, {run['W']}"
+        for cell, key in zip(row[1:], keys):
+            assert _same(cell, run[key], 2), (row, key)
+    name = re.search(r"`benchmarks/(window-kernels-profile-[^`]+)\.\{json,log\}`", paragraph).group(1)
+    profile = json.loads((ROOT / "benchmarks" / f"{name}.json").read_text())["rows"]
+    text = " ".join(paragraph.split())
+    for D in (64, 128):
+        for backend in ("gluon", "triton"):
+            ms = [r["total_ms"] for r in profile if (r["D"], r["backend"], r["backward"]) == (D, backend, "two-pass")]
+            assert " / ".join(f"{x:.2f}" for x in ms) in text, (D, backend, ms)

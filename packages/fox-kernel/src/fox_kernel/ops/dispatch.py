@@ -6,9 +6,8 @@
   PyTorch twin.
 * The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
   (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``,
-  sliding windows of at least ``GLUON_MIN_WINDOW`` keys, Triton 3.6 or newer with Gluon), else the Triton
-  kernels. A Gluon kernel that fails to
-  compile (a Triton whose Gluon has moved on) hands the process over to the Triton kernels (``_run_gluon``).
+  with or without a sliding window, Triton 3.6 or newer with Gluon), else the Triton kernels. A Gluon
+  kernel that fails to compile (a Triton whose Gluon has moved on) hands the process over to the Triton kernels (``_run_gluon``).
 * The backward mode: two passes (dK/dV, then dQ; bit-reproducible) or one pass adding dQ in with atomics
   (``KernelOptions.backward="fused"``, never under ``torch.use_deterministic_algorithms``).
 * Gates of exactly 0 (log -inf). Such a gate at z hides the keys before z from the queries from z on. The
@@ -42,7 +41,6 @@ from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
 from fox_kernel.ops.gluon.tiles import (
     GLUON_FWD_MAX_KEYS,
-    GLUON_MIN_WINDOW,
     GLUON_ONE_PASS_DIMS,
     GLUON_TILES,
 )
@@ -75,7 +73,7 @@ def _gluon_applies(q, call: AttentionCall) -> bool:
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or q.shape[-1] not in GLUON_TILES:
         return False
-    if call.seq_start is not None or call.varlen or (call.has_window and call.window < GLUON_MIN_WINDOW[q.shape[-1]]):
+    if call.seq_start is not None or call.varlen:
         return False
     from fox_kernel.ops import gluon
 

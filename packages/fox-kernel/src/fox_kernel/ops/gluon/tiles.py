@@ -32,11 +32,6 @@ GLUON_FWD_FIXED_TILES = {64: (192, 64, 3, 168, 24, 3), 128: (128, 128, 3, 240, 2
 # Head dims of the one-pass backward (the dK/dV pass adding dQ in). At D=128 three forms that fit in shared
 # memory ran 1.65-2.5x slower than the two passes on an H200 (register spills; see the kernel README).
 GLUON_ONE_PASS_DIMS = (64,)
-# Sliding windows of at least this many keys run on the Gluon kernels, narrower ones on the Triton kernels.
-# On an H200 (benchmarks/bench_window.py, T=16k, H*D=2048, bf16, window-gluon-h200-2026-11-29.json),
-# forward+backward ms with the Gluon / the Triton kernels: D=128 W=512 1.16 / 1.77, W=2048 2.25 / 3.18;
-# D=64 W=2048 3.07 / 4.13, but W=512 2.56 / 1.69 (the forward 0.37 / 0.44, the Gluon backward lost).
-GLUON_MIN_WINDOW = {64: 2048, 128: 1}
 
 
 def gluon_blocks(head_dim: int, kind: str = "dkdv") -> dict:
