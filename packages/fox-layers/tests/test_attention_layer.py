@@ -417,6 +417,41 @@ def test_hidden_states_of_another_width_are_named():
 
 
 @pytest.mark.parametrize("variant", ["llama", "pro"])
+def test_a_state_of_another_type_or_layer_is_named(variant):
+    """Another object failed on a missing ``length``; a state filled by a layer of other kv heads in a
+    concatenation of the token shift or the cache."""
+    layer, state = _layer(variant), AttentionState()
+    with pytest.raises(TypeError, match=r"^state must be an AttentionState or None, got dict$"):
+        layer(_x(2, 7), state={})
+    ForgettingAttentionLayer(HIDDEN, **{**VARIANTS[variant], "num_kv_heads": 2})(_x(2, 7), state=state)
+    with pytest.raises(ValueError, match=r"^state holds keys of \(num_kv_heads, head_dim\) = \(2, 12\), this "
+                                         r"layer's are \(4, 12\)$"):
+        layer(_x(2, 1), state=state)
+
+
+def test_rope_and_decay_time_arguments_are_named():
+    """RoPE of a 3-D x gave a 4-D result without a word; an odd D or 1-D positions failed in a broadcast;
+    a time <= 0 was a "math domain error"."""
+    from fox_layers import decay_time_bias
+
+    pos = torch.arange(5).expand(2, 5)
+    for x in (torch.randn(2, 5, 8), torch.randn(2, 5, 3, 7)):
+        with pytest.raises(ValueError, match=re.escape(f"x must be (B, T, H, D) with D even (pairs are rotated), got "
+                                                       f"{tuple(x.shape)}")):
+            apply_rope(x, pos, 10000.0)
+    with pytest.raises(ValueError, match=re.escape("positions must be (B, T) = (2, 5) for x (2, 5, 3, 8), got (5,)")):
+        apply_rope(torch.randn(2, 5, 3, 8), torch.arange(5), 10000.0)
+    x = torch.randn(2, 5, 3, 8, dtype=torch.float64)  # (1, T) positions: the same rotation for every row
+    torch.testing.assert_close(apply_rope(x, pos[:1], 10000.0), apply_rope(x, pos, 10000.0), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"^base must be a finite number > 0, got 0.0$"):
+        apply_rope(x, pos, 0.0)
+    with pytest.raises(ValueError, match=r"^t_min must be a finite number > 0, got -1.0$"):
+        decay_time_bias(4, -1.0, 2.0)
+    with pytest.raises(ValueError, match=r"^num_heads must be an int >= 1, got 0$"):
+        decay_time_bias(0, 1.0, 2.0)
+
+
+@pytest.mark.parametrize("variant", ["llama", "pro"])
 def test_an_empty_sequence_gives_an_empty_output(variant):
     """T = 0 (the token shift's reshape and the norm's failed on zero tokens): an empty output, as the
     float64 run of the same layer gives."""

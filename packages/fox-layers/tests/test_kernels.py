@@ -4,11 +4,13 @@ On the CPU these run only through the interpreter (test_interpreted_kernels belo
 """
 
 import os
+import re
 
 import pytest
 import torch
 
 from fox_kernel.testing import run_interpreted
+from fox_layers import GroupRMSNorm, RMSNorm, ShiftLinear, SwiGLUMLP
 from fox_layers.kernels.norm_gate import _NormGate, norm_gate, norm_gate_reference
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -67,8 +69,6 @@ def test_norm_gate_refuses_mismatched_weight_and_gate():
 
 def test_shift_and_mlp_sizes_out_of_range_are_one_line():
     """A ZeroDivisionError for no heads, and an MLP of width 0 built without a word."""
-    from fox_layers import ShiftLinear, SwiGLUMLP
-
     with pytest.raises(ValueError, match=r"^num_heads must be an int >= 1, got 0$"):
         ShiftLinear(8, 6, 0)
     for ratio in (0, -1.0):
@@ -77,6 +77,36 @@ def test_shift_and_mlp_sizes_out_of_range_are_one_line():
     with pytest.raises(ValueError, match=r"^hidden_ratio 0.01 gives an MLP of width 0 for hidden_size 8"):
         SwiGLUMLP(8, hidden_ratio=0.01)
     assert SwiGLUMLP(8, hidden_ratio=None, intermediate_size=16).intermediate_size == 16
+
+
+@pytest.mark.parametrize("build, message", [
+    # a ZeroDivisionError (no groups); a negative group count or an epsilon <= 0 was built (NaN outputs)
+    (lambda: norm_gate(torch.randn(2, 8), torch.ones(8), None, 0, 1e-6), "num_groups must be an int >= 1, got 0"),
+    (lambda: GroupRMSNorm(0, 8), "num_groups must be an int >= 1, got 0"),
+    (lambda: GroupRMSNorm(-2, 8), "num_groups must be an int >= 1, got -2"),
+    (lambda: GroupRMSNorm(2, 8, eps=-1.0), "eps must be a finite number > 0, got -1.0"),
+    (lambda: RMSNorm(-1), "hidden_size must be an int >= 1, got -1"),  # "negative dimension -1" from torch.ones
+    (lambda: RMSNorm(8, eps=0.0), "eps must be a finite number > 0, got 0.0"),
+    # "negative dimension" from nn.Linear
+    (lambda: ShiftLinear(-1, 8, 2), "input_dim must be an int >= 1, got -1"),
+    (lambda: ShiftLinear(8, -2, 2), "output_dim must be an int >= 1, got -2"),
+    # blamed hidden_ratio ("gives an MLP of width 0 for hidden_size -8"), or a TypeError from nn.Linear
+    (lambda: SwiGLUMLP(-8), "hidden_size must be an int >= 1, got -8"),
+    (lambda: SwiGLUMLP(8.0), "hidden_size must be an int >= 1, got 8.0"),
+])
+def test_norm_shift_and_mlp_sizes_and_epsilons_are_named(build, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        build()
+
+
+def test_shift_linear_inputs_of_another_shape_are_named():
+    """A 2-D x failed to unpack, another width in the matmul, a state of another width in a concatenation."""
+    shift = ShiftLinear(8, 6, 2)
+    for x in (torch.randn(3, 8), torch.randn(1, 3, 5)):
+        with pytest.raises(ValueError, match=f"^{re.escape(f'x must be (B, T, input_dim=8), got {tuple(x.shape)}')}$"):
+            shift(x)
+    with pytest.raises(ValueError, match=r"^state must be \(B, output_dim\) = \(2, 6\), got \(2, 4\)$"):
+        shift(torch.randn(2, 3, 8), state=torch.randn(2, 4))
 
 
 @pytest.mark.interpret

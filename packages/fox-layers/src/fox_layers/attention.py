@@ -33,6 +33,9 @@ def decay_time_bias(num_heads: int, t_min: float, t_max: float) -> torch.Tensor:
 
     Always made on the CPU (also inside a meta-device context) so it can initialise materialised weights.
     """
+    require_int("num_heads", num_heads)
+    require_positive("t_min", t_min)
+    require_positive("t_max", t_max)
     times = torch.exp(torch.linspace(math.log(t_min), math.log(t_max), num_heads, dtype=torch.float64, device="cpu"))
     return (-torch.log(torch.expm1(1.0 / times))).float()
 
@@ -504,10 +507,16 @@ class ForgettingAttentionLayer(nn.Module):
         if cp is not None and (state is not None or seq_start is not None or output_attentions):
             raise ValueError("a context-parallel layer takes whole sequences split across ranks: no decoding state, "
                              "seq_start (padding) or output_attentions")
+        if state is not None and not isinstance(state, AttentionState):
+            raise TypeError(f"state must be an AttentionState or None, got {type(state).__name__}")
         past = 0 if state is None else state.length
         if state is not None and state.k is not None and state.k.shape[0] != B:
             raise ValueError(f"hidden_states has {B} rows but the state holds {state.k.shape[0]} (one per sequence "
                              "being decoded)")
+        # a state filled by a layer of other sizes failed in the token shift's or the cache's concatenation
+        if state is not None and state.k is not None and tuple(state.k.shape[2:]) != (self.num_kv_heads, self.head_dim):
+            raise ValueError(f"state holds keys of (num_kv_heads, head_dim) = {tuple(state.k.shape[2:])}, this layer's "
+                             f"are {(self.num_kv_heads, self.head_dim)}")
         if state is not None and state.seq_start is None and seq_start is not None:
             state.seq_start = seq_start
         if state is not None:

@@ -20,6 +20,7 @@ class SwiGLUMLP(nn.Module):
 
     def __init__(self, hidden_size: int, hidden_ratio: float = 4.0, intermediate_size: int | None = None):
         super().__init__()
+        require_int("hidden_size", hidden_size)
         require_int("intermediate_size", intermediate_size, optional=True)
         require_positive("hidden_ratio", hidden_ratio, optional=intermediate_size is not None)
         self.intermediate_size = intermediate_size or intermediate_size_for(hidden_size, hidden_ratio)

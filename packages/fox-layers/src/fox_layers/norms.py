@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fox_layers.checks import require_int, require_positive
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMS-normalise the last axis of x in at least float32; multiply by weight; return in x's dtype. With a
@@ -26,6 +28,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, elementwise_affine: bool = True):
         super().__init__()
+        require_int("hidden_size", hidden_size)
+        require_positive("eps", eps)
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size)) if elementwise_affine else None
 
@@ -42,6 +46,9 @@ class GroupRMSNorm(nn.Module):
 
     def __init__(self, num_groups: int, hidden_size: int, eps: float = 1e-6, share_across_groups: bool = False):
         super().__init__()
+        require_int("num_groups", num_groups)
+        require_int("hidden_size", hidden_size)
+        require_positive("eps", eps)
         if hidden_size % num_groups != 0:
             raise ValueError(f"hidden_size {hidden_size} must be a multiple of num_groups {num_groups}")
         self.num_groups = num_groups

@@ -49,15 +49,23 @@ class ShiftLinear(nn.Module):
 
     def __init__(self, input_dim: int, output_dim: int, num_heads: int, bias: bool = False):
         super().__init__()
+        require_int("input_dim", input_dim)
+        require_int("output_dim", output_dim)
         require_int("num_heads", num_heads)
         if output_dim % num_heads != 0:
             raise ValueError(f"output_dim {output_dim} must be a multiple of num_heads {num_heads}")
         self.num_heads = num_heads
+        self.input_dim, self.output_dim = input_dim, output_dim
         self.linear = nn.Linear(input_dim, output_dim, bias=bias)
         self.shift_proj = nn.Linear(input_dim, num_heads, bias=False)
 
     def forward(self, x, state=None, seq_start=None, cu_seqlens=None, past: int = 0):
         """x: (B, T, input_dim) -> (out (B, T, output_dim), new state (B, output_dim))."""
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.input_dim:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must be (B, T, input_dim={self.input_dim}), got {got}")
+        if state is not None and tuple(state.shape) != (x.shape[0], self.output_dim):
+            raise ValueError(f"state must be (B, output_dim) = {(x.shape[0], self.output_dim)}, got {tuple(state.shape)}")
         return self.mix(self.linear(x), self.shift_proj(x), state, seq_start, cu_seqlens, past)
 
     def mix(self, cur, s, state=None, seq_start=None, cu_seqlens=None, past: int = 0):

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from fox_kernel import cdiv
+from fox_layers.checks import require_int
 from fox_layers.kernels import needs_autograd, row_tiles, row_view, use_triton
 
 
@@ -149,6 +150,7 @@ class _NormGate(torch.autograd.Function):
 
 def norm_gate(x, weight, gate, num_groups: int, eps: float, act: str = "sigmoid"):
     """Fused on CUDA (and in the Triton interpreter), the PyTorch twin elsewhere."""
+    require_int("num_groups", num_groups)
     C = x.shape[-1]
     if C % num_groups or weight.numel() not in (C // num_groups, C):
         sizes = f"{C}" if num_groups == 1 else f"{C} or {C // num_groups}"  # one group: the two are the same
