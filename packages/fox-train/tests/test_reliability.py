@@ -106,6 +106,14 @@ def test_a_refused_run_leaves_no_folder(tmp_path):
     with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1, got -?\d$"):
         main(["-m", f"out_dir={tmp_path}", "run_name=sweep", "log_every=0,-1", *SMALL[:-2]])
     assert list(tmp_path.iterdir()) == []  # nor Hydra's multirun.yaml, which the sweep folder used to keep
+    # folders given to Hydra directly, inside out_dir or not
+    with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1, got 0$"):
+        main([f"hydra.run.dir={tmp_path}/e2/plain", "log_every=0", *SMALL[:-2]])
+    with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1, got 0$"):
+        main([f"out_dir={tmp_path}/o4", f"hydra.run.dir={tmp_path}/o4/x", "log_every=0", *SMALL[:-2]])
+    with pytest.raises(SystemExit, match=r"^fox-train: log_every must be at least 1, got -?\d$"):
+        main(["-m", f"hydra.sweep.dir={tmp_path}/sw3", "log_every=0,-1", *SMALL[:-2]])
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("source", ["text", "tokens"])

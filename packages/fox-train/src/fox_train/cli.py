@@ -83,6 +83,16 @@ def _note_new_dirs(path: str) -> None:
         _SWEEP_ENTRIES[str(target)] = {e.name for e in target.iterdir()}
 
 
+def _note_dir_overrides(argv: list[str]) -> None:
+    """The folders of an explicit ``hydra.run.dir=`` / ``hydra.sweep.dir=`` argument (which Hydra takes
+    without calling the resolvers that note them otherwise) that do not exist yet. A value Hydra still
+    interpolates (``${...}``) is left to the resolvers it names."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if sep and key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
+            _note_new_dirs(value.strip("'\""))
+
+
 def _remove_new_empty_dirs(run_dir: Path) -> None:
     """After a refused job: remove its run folder and the folders above it that this call made, while empty
     (a refused call leaves out_dir as it was). A sweep job's folder counts as made by this call when its
@@ -339,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     _sweep_dir.cache_clear()
     _NEW_DIRS.clear()
     _SWEEP_ENTRIES.clear()
+    _note_dir_overrides(argv)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra re-raises errors (instead of printing them) for the lines below
     try:
         _app()
