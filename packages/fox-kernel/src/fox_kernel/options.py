@@ -66,10 +66,11 @@ class KernelOptions:
     order_dq: str | None = None
     """[FOX_KERNEL_ORDER_DQ=heads|blocks] Launch order of the Triton dQ pass; None: blocks."""
     check_gates: bool = False
-    """[FOX_KERNEL_CHECK_GATES=0|1] The decoding calls look for gates of exactly 0 (log gate -inf) in CUDA
-    gates and caches as well, and refuse them (a cache of prefix sums cannot hold one), at one wait for the
-    GPU per call (not while compiling or capturing a CUDA graph). Off, CUDA inputs are not read and such
-    decoding rows come out NaN. ``forgetting_attention`` is exact with such gates either way."""
+    """[FOX_KERNEL_CHECK_GATES=0|1] Read CUDA gates as CPU ones are read, at one wait for the GPU per call
+    (not while compiling or capturing a CUDA graph): the decoding calls refuse gates of exactly 0 (log gate
+    -inf) in gates and caches (a cache of prefix sums cannot hold one); ``forgetting_attention`` refuses log
+    gates above 0, and gates of exactly 0 where ``zero_gates=False`` promises none (it is exact with such
+    gates otherwise). Off, CUDA inputs are not read and such decoding rows come out NaN."""
     torch_path: bool = False
     """[FOX_KERNEL_TORCH_PATH=0|1] Run CUDA (and interpreter) calls of ``forgetting_attention`` on the chunked
     PyTorch path instead of the kernels: slower, the same math."""
