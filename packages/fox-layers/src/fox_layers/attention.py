@@ -513,7 +513,7 @@ class ForgettingAttentionLayer(nn.Module):
         if state is not None and state.k is not None and state.k.shape[0] != B:
             raise ValueError(f"hidden_states has {B} rows but the state holds {state.k.shape[0]} (one per sequence "
                              "being decoded)")
-        # a state filled by a layer of other sizes failed in the token shift's or the cache's concatenation
+        # a state filled by a layer of other sizes would fail in the token shift's or the cache's concatenation
         if state is not None and state.k is not None and tuple(state.k.shape[2:]) != (self.num_kv_heads, self.head_dim):
             raise ValueError(f"state holds keys of (num_kv_heads, head_dim) = {tuple(state.k.shape[2:])}, this layer's "
                              f"are {(self.num_kv_heads, self.head_dim)}")

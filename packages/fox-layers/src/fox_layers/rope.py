@@ -15,7 +15,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.T
     """x: (B, T, H, D); positions: (B, T) integer positions ((1, T): the same for
     every row). Computed in at least float32."""
     require_positive("base", base)
-    if x.dim() != 4 or x.shape[-1] % 2:  # a 3-D x broadcast against the (B, T, 1, D) angles into 4 dims
+    if x.dim() != 4 or x.shape[-1] % 2:  # a 3-D x would broadcast against the (B, T, 1, D) angles into 4 dims
         raise ValueError(f"x must be (B, T, H, D) with D even (pairs are rotated), got {tuple(x.shape)}")
     # a (1, T) positions broadcasts over the batch
     if (positions.dim() != 2 or positions.shape[1] != x.shape[1]
