@@ -7,7 +7,8 @@
 * The backend of a GPU call (``forward_backend``, ``backward_plan``): the Gluon kernels where they apply
   (``KernelOptions.gluon``, sm90, 16-bit, head dim 64 or 128, fixed-length batches without ``seq_start``,
   with or without a sliding window, Triton 3.6 or newer with Gluon), else the Triton kernels. A Gluon
-  kernel that fails to compile (a Triton whose Gluon has moved on) hands the process over to the Triton kernels (``_run_gluon``).
+  kernel that fails to compile (a Triton whose Gluon has moved on) hands the process over to the Triton
+  kernels (``_run_gluon``).
 * The backward mode: two passes (dK/dV, then dQ; bit-reproducible) or one pass adding dQ in with atomics
   (``KernelOptions.backward="fused"``, never under ``torch.use_deterministic_algorithms``).
 * Gates of exactly 0 (log -inf). Such a gate at z hides the keys before z from the queries from z on. The
@@ -39,11 +40,7 @@ import torch
 from fox_kernel.ops import zero_flags
 from fox_kernel.ops.call import AttentionCall
 from fox_kernel.ops.chunked import chunked_backward, chunked_forward
-from fox_kernel.ops.gluon.tiles import (
-    GLUON_FWD_MAX_KEYS,
-    GLUON_ONE_PASS_DIMS,
-    GLUON_TILES,
-)
+from fox_kernel.ops.gluon.tiles import GLUON_FWD_MAX_KEYS, GLUON_ONE_PASS_DIMS, GLUON_TILES
 from fox_kernel.ops.triton.launch import sm_major
 from fox_kernel.options import INTERPRET, KernelOptions
 from fox_kernel.pruning import _pruning_threshold, bound
